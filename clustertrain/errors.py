@@ -1,0 +1,30 @@
+"""Error types. A :class:`ClusterTrainError` is a mistake the user can fix: the CLI prints its
+message as one line and exits 2. Anything else is a bug in clustertrain and keeps its traceback."""
+
+from __future__ import annotations
+
+
+class ClusterTrainError(Exception):
+    """Root of every error a user can fix. The message is one line naming the file/field and the fix."""
+
+    exit_code = 2
+
+
+class ConfigError(ClusterTrainError):
+    """The project file (or a ``--set`` override) is wrong."""
+
+
+class DataError(ClusterTrainError):
+    """Input data, a dataset file or a manifest is wrong or damaged."""
+
+
+class RunDirError(ClusterTrainError):
+    """A run directory cannot be used as asked (another project's checkpoints, ...)."""
+
+
+class StorageError(ClusterTrainError):
+    """An object store cannot be used as asked (unknown scheme, missing bucket, no credentials...)."""
+
+
+class LaunchError(ClusterTrainError):
+    """A job cannot be launched or tracked as asked."""

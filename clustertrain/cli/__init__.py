@@ -1,0 +1,41 @@
+"""The `clustertrain` command: a thin face over the stages. Each command parses its options,
+loads the project, calls one library function, prints and sets the exit code. User mistakes
+(:class:`~clustertrain.errors.ClusterTrainError`) print one line and exit 2."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+import click
+import typer
+
+from clustertrain.cli import config as config_cli
+from clustertrain.cli import run as run_cli
+from clustertrain.errors import ClusterTrainError
+
+app = typer.Typer(
+    name="clustertrain", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    help="Distributed LLM training on Slurm GPU clusters — rehearsed on one machine.",
+)
+run_cli.register(app)
+app.add_typer(config_cli.app, name="config")
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        app(args=argv, standalone_mode=False)
+    except ClusterTrainError as e:
+        print(f"error: {e}", file=sys.stderr)
+        if os.environ.get("CLUSTERTRAIN_DEBUG"):
+            traceback.print_exc()
+        sys.exit(e.exit_code)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        print("aborted", file=sys.stderr)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)

@@ -1,0 +1,54 @@
+"""`clustertrain run` (local training of a project) and `clustertrain train` (the per-rank entry point)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from clustertrain.project import load_project
+
+SET_HELP = "Override a project field, e.g. --set models.0.training.max_steps=40 (repeatable)."
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run")(run)
+    app.command("train")(train)
+
+
+def run(
+    project_file: Path = typer.Argument(..., help="Project file (YAML)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Train only this model (default: all, one after another)."),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Run directory (default: <storage.root>/<project>/<model>)."),
+    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+    no_resume: bool = typer.Option(False, "--no-resume", help="Start fresh: archive earlier checkpoints to RUN_DIR/previous/."),
+) -> None:
+    """Train a project's models on this machine (the local backend), resuming from the latest checkpoint."""
+    from clustertrain.launch.run import run_project
+
+    project = load_project(project_file, set_)
+    console = Console(highlight=False, soft_wrap=True)
+    outcomes = run_project(project, model, run_dir, resume=not no_resume, console=console)
+    code = 0
+    for o in outcomes:
+        if o.state == "COMPLETED":
+            console.print(f"[green]completed[/] {o.model}: step {o.step}, checkpoint {o.checkpoint}, metrics {o.run_dir / 'metrics.jsonl'}")
+        elif o.state == "STOPPED":
+            console.print(f"[yellow]stopped[/] {o.model} at step {o.step}; checkpoint saved to {o.checkpoint}; "
+                          "run the same command again to resume")
+        else:
+            typer.echo(f"error: {o.model}: {o.message}", err=True)
+            code = o.exit_code
+    raise typer.Exit(code)
+
+
+def train(
+    run_dir: Path = typer.Option(..., "--run-dir", help="Run directory prepared by `clustertrain run` / `submit`."),
+    model: str = typer.Option(..., "--model", help="Model name in the project."),
+) -> None:
+    """Per-rank entry point (started by the local launcher, torchrun or srun — not by hand)."""
+    from clustertrain.train.entry import main as train_main
+
+    raise typer.Exit(train_main(run_dir, model))

@@ -1,0 +1,87 @@
+"""Prepare a run: resolve its directory, prepare its data, check what can be checked before any
+process starts, and write ``run.json`` + ``config.yaml`` (see :mod:`clustertrain.rundir`).
+
+Every check runs before the run directory is touched, so a mistake leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from clustertrain import __version__
+from clustertrain.data import load_tokenizer, prepare_packed
+from clustertrain.errors import ConfigError, DataError
+from clustertrain.project import ModelEntry, Project, architecture_fingerprint, dump_project
+from clustertrain.rundir import RunPaths, read_json, write_atomic
+from clustertrain.train.checkpoint import check_ownership
+
+ARCHIVED = ("checkpoints", "metrics.jsonl", "tensorboard", "status.json")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything a backend needs to start the ranks of one model's run."""
+
+    project: Project
+    entry: ModelEntry
+    paths: RunPaths
+    dataset: Path
+    resume: bool
+
+
+def default_run_dir(project: Project, entry: ModelEntry) -> Path:
+    return project.storage.root / project.name / entry.name
+
+
+def run_dir_for(project: Project, entry: ModelEntry, run_dir: Path | None, several: bool) -> Path:
+    if run_dir is None:
+        return default_run_dir(project, entry)
+    return Path(run_dir).resolve() / entry.name if several else Path(run_dir).resolve()
+
+
+def prepare_run(project: Project, entry: ModelEntry, run_dir: Path, resume: bool = True) -> RunSpec:
+    paths = RunPaths(Path(run_dir))
+    fingerprint = architecture_fingerprint(project, entry)
+    tokenizer = load_tokenizer(entry.data.tokenizer)
+    if entry.model.vocab is not None and entry.model.vocab < tokenizer.vocab_size:
+        raise ConfigError(
+            f"models.{entry.name}.model.vocab ({entry.model.vocab}) is smaller than the tokenizer's vocabulary "
+            f"({tokenizer.vocab_size}); raise it or leave it unset"
+        )
+    previous = read_json(paths.run_json)
+    if resume:
+        check_ownership(paths.checkpoints, fingerprint, project.name, entry.name)
+    dataset = prepare_packed(entry.data.source, entry.data.tokenizer, entry.data.json_key, project.storage.root / "datasets")
+    need = entry.model.seq_len + 1
+    if dataset.n_tokens < need:
+        raise DataError(
+            f"models.{entry.name}.model.seq_len={entry.model.seq_len} needs {need} tokens per sample but "
+            f"{entry.data.source} gives only {dataset.n_tokens}; lower seq_len or add data"
+        )
+    paths.root.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        archive_previous(paths)
+    paths.logs.mkdir(exist_ok=True)
+    write_atomic(paths.config, dump_project(project))
+    write_atomic(paths.run_json, json.dumps({
+        "project": project.name, "model": entry.name, "fingerprint": fingerprint, "dataset": str(dataset.path),
+        "clustertrain": __version__, "created": (previous or {}).get("created", time.time()) if resume else time.time(),
+    }, indent=1))
+    paths.status.unlink(missing_ok=True)
+    return RunSpec(project, entry, paths, dataset.path, resume)
+
+
+def archive_previous(paths: RunPaths) -> Path | None:
+    """--no-resume: move earlier checkpoints and metrics to ``previous/<time>/`` (renames; nothing deleted)."""
+    present = [name for name in ARCHIVED if (paths.root / name).exists()]
+    if not present:
+        return None
+    dest = paths.root / "previous" / time.strftime("%Y%m%d-%H%M%S")
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in present:
+        os.replace(paths.root / name, dest / name)
+    return dest

@@ -1,0 +1,52 @@
+"""``clustertrain run``: prepare and run the models of a project with the project's backend."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from clustertrain.errors import LaunchError
+from clustertrain.launch.follow import follow_local
+from clustertrain.launch.local import LocalLauncher
+from clustertrain.launch.prepare import prepare_run, run_dir_for
+from clustertrain.project import Project
+from clustertrain.rundir import read_json
+
+
+@dataclass
+class RunOutcome:
+    model: str
+    run_dir: Path
+    state: str
+    exit_code: int
+    message: str
+    step: int | None = None
+    checkpoint: str | None = None
+
+
+def run_project(project: Project, model: str | None, run_dir: Path | None, resume: bool,
+                console: Console) -> list[RunOutcome]:
+    """Run one model (``model``) or all of them one after another; stop at the first failure."""
+    if project.cluster.backend != "local":
+        raise LaunchError(
+            f"cluster.backend is {project.cluster.backend!r}: `run` trains locally only; use `clustertrain submit`, "
+            "or --set cluster.backend=local to rehearse here"
+        )
+    entries = [project.model(model)] if model else list(project.models)
+    several = len(entries) > 1
+    outcomes = []
+    for entry in entries:
+        spec = prepare_run(project, entry, run_dir_for(project, entry, run_dir, several), resume=resume)
+        console.print(f"[bold]run[/] {project.name}/{entry.name} -> {spec.paths.root}")
+        launcher = LocalLauncher()
+        job = launcher.submit(spec)
+        result = follow_local(launcher, job, spec, console)
+        status = read_json(spec.paths.status) or {}
+        outcome = RunOutcome(entry.name, spec.paths.root, result.state, result.exit_code, result.message,
+                             status.get("step"), status.get("checkpoint"))
+        outcomes.append(outcome)
+        if result.state != "COMPLETED":
+            break
+    return outcomes

@@ -1,0 +1,410 @@
+"""The project file: one YAML document that describes the cluster, storage and the models to train.
+
+Loading is strict (unknown keys are errors, so typos never pass silently); every field carries a
+description, which is also the reference documentation (``clustertrain config docs`` writes
+``docs/project-file.md`` from these models). Relative paths are resolved against the directory
+of the project file. ``--set KEY=VALUE`` overrides use dotted keys (``models.0.training.max_steps``
+or ``models.tiny.training.max_steps``); values are parsed as YAML scalars and type-checked like the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from clustertrain.cloud.config import AwsConfig
+from clustertrain.errors import ConfigError
+from clustertrain.plan.config import ModelPlanConfig, PlanConfig
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+class StrictModel(BaseModel):
+    """User input: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def _check_name(value: str, what: str) -> str:
+    if not NAME_RE.match(value):
+        raise ValueError(
+            f"{what} {value!r} must be 1-64 characters of letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )
+    return value
+
+
+class ClusterConfig(StrictModel):
+    backend: Literal["local", "slurm"] = Field(
+        "local", description="Where `clustertrain run` trains: `local` spawns worker processes on this machine; `slurm` submits batch jobs."
+    )
+    nodes: int = Field(1, ge=1, description="Nodes per training job (the local backend supports 1).")
+    gpus_per_node: int = Field(
+        0, ge=0, description="GPUs per node; 0 means CPU workers (gloo). With GPUs, one rank per GPU and NCCL."
+    )
+    procs_per_node: int | None = Field(
+        None, ge=1, description="Ranks per node. Default: gpus_per_node, or 2 CPU workers when gpus_per_node is 0."
+    )
+    partition: str | None = Field(None, description="Slurm partition (queue) to submit to.")
+    instance_type: str | None = Field(None, description="Compute instance type, e.g. `p5e.48xlarge` (planning, cloud config, NCCL presets).")
+    container_image: str | None = Field(
+        None, description="Container image for Pyxis/Enroot (`--container-image`), e.g. `/fsx/images/train.sqsh`. None: run on the host."
+    )
+    cpus_per_task: int | None = Field(None, ge=1, description="CPUs per rank for Slurm (`--cpus-per-task`).")
+    time_limit: str | None = Field(None, description="Slurm time limit, e.g. `48:00:00`.")
+    threads_per_worker: int | None = Field(
+        None, ge=1, description="torch intra-op threads per CPU worker. Default: the machine's cores divided by the workers."
+    )
+    master_port: int | None = Field(
+        None, ge=1024, le=65535, description="Rendezvous port for local runs. Default: a free port."
+    )
+
+    @property
+    def ranks_per_node(self) -> int:
+        if self.procs_per_node is not None:
+            return self.procs_per_node
+        return self.gpus_per_node if self.gpus_per_node > 0 else 2
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+    @model_validator(mode="after")
+    def _check(self) -> "ClusterConfig":
+        if self.gpus_per_node > 0 and self.procs_per_node not in (None, self.gpus_per_node):
+            raise ValueError(
+                f"procs_per_node ({self.procs_per_node}) must equal gpus_per_node ({self.gpus_per_node}): one rank per GPU"
+            )
+        if self.backend == "local" and self.nodes != 1:
+            raise ValueError("the local backend runs on one node: set cluster.nodes=1 or cluster.backend=slurm")
+        return self
+
+
+class StorageConfig(StrictModel):
+    root: Path = Field(
+        Path("./runs"),
+        description="Directory that plays the shared file system: `/fsx` on a cluster, `./runs` locally. Run directories and prepared data live below it.",
+    )
+    data_bucket: str | None = Field(None, description="`s3://bucket/prefix` for prepared datasets (optional).")
+    checkpoint_bucket: str | None = Field(
+        None, description="`s3://bucket/prefix` (or a local path) where the final checkpoint is backed up after a successful run (optional)."
+    )
+    endpoint_url: str | None = Field(None, description="S3-compatible endpoint URL (default: AWS, or AWS_ENDPOINT_URL).")
+    region: str | None = Field(None, description="AWS region of the buckets.")
+
+
+class ArchConfig(StrictModel):
+    layers: int = Field(..., ge=1, description="Transformer blocks.")
+    hidden: int = Field(..., ge=8, description="Model width (d_model).")
+    heads: int = Field(..., ge=1, description="Attention heads; must divide `hidden`.")
+    seq_len: int = Field(..., ge=8, description="Context length in tokens (each sample is seq_len + 1 tokens).")
+    vocab: int | None = Field(
+        None, ge=2, description="Vocabulary size. Default: the tokenizer's vocabulary (rounded up to a multiple of 64)."
+    )
+    ffn_hidden: int | None = Field(None, ge=8, description="MLP width. Default: 4 x hidden (gelu) or 8/3 x hidden rounded to 64 (swiglu).")
+    mlp: Literal["gelu", "swiglu"] = Field("gelu", description="MLP type.")
+    norm: Literal["layernorm", "rmsnorm"] = Field("layernorm", description="Normalisation (pre-norm).")
+    tie_embeddings: bool = Field(True, description="Share the input embedding with the output projection.")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout probability (residual and attention).")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def ffn_dim(self) -> int:
+        if self.ffn_hidden is not None:
+            return self.ffn_hidden
+        if self.mlp == "swiglu":
+            return ((8 * self.hidden // 3) + 63) // 64 * 64
+        return 4 * self.hidden
+
+    @model_validator(mode="after")
+    def _check(self) -> "ArchConfig":
+        if self.hidden % self.heads:
+            raise ValueError(
+                f"heads ({self.heads}) must divide hidden ({self.hidden}); e.g. heads={_divisor_near(self.hidden, self.heads)}"
+            )
+        return self
+
+
+def _divisor_near(n: int, k: int) -> int:
+    return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: (abs(d - k), d))
+
+
+class DataConfig(StrictModel):
+    source: str = Field(
+        "builtin:shakespeare",
+        description="Training text: `builtin:shakespeare` (bundled, public domain) or a path/glob of .txt/.jsonl files.",
+    )
+    tokenizer: str = Field("byte", description="Tokenizer: `byte` (byte-level, 256 + specials, no files needed).")
+    json_key: str = Field("text", description="Key holding the text in JSONL inputs.")
+
+
+class TrainingConfig(StrictModel):
+    max_steps: int = Field(..., description="Optimizer steps to train.")
+    micro_batch: int = Field(8, ge=1, description="Samples per rank per forward/backward.")
+    global_batch: int = Field(
+        16, ge=1, description="Samples per optimizer step over all ranks; gradient accumulation makes up the rest."
+    )
+    lr: float = Field(3e-4, gt=0, description="Peak learning rate.")
+    min_lr: float = Field(3e-5, ge=0, description="Learning rate at the end of the decay.")
+    schedule: Literal["cosine", "linear", "constant"] = Field("cosine", description="Decay after warmup.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warmup steps from 0 to `lr`.")
+    weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay (not applied to norms and biases).")
+    beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1.")
+    beta2: float = Field(0.95, ge=0, lt=1, description="AdamW beta2.")
+    eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
+    grad_clip: float = Field(1.0, ge=0, description="Clip the global gradient norm to this (0 = off).")
+    seed: int = Field(1234, ge=0, description="Seed for initialisation, data order and dropout.")
+    checkpoint_every: int = Field(100, ge=1, description="Save a checkpoint every N steps (and always at the end).")
+    keep_last: int = Field(3, ge=1, description="Checkpoints kept; older ones are deleted after a successful save.")
+    log_every: int = Field(10, ge=1, description="Log metrics every N steps.")
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="`auto`: bf16 autocast on GPU, fp32 on CPU."
+    )
+
+    @field_validator("max_steps")
+    @classmethod
+    def _positive_steps(cls, v: int) -> int:
+        if v <= 0:
+            raise ValueError(f"max_steps must be a positive number of steps, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> "TrainingConfig":
+        if self.global_batch % self.micro_batch:
+            raise ValueError(
+                f"global_batch ({self.global_batch}) must be a multiple of micro_batch ({self.micro_batch})"
+            )
+        if self.min_lr > self.lr:
+            raise ValueError(f"min_lr ({self.min_lr}) must not exceed lr ({self.lr})")
+        return self
+
+
+class ParallelismConfig(StrictModel):
+    dp: int | Literal["auto"] = Field("auto", description="Data-parallel degree; `auto` = world size / (tp x pp).")
+    tp: int = Field(1, ge=1, description="Tensor-parallel degree (only 1 is implemented yet).")
+    pp: int = Field(1, ge=1, description="Pipeline-parallel degree (only 1 is implemented yet).")
+
+    @model_validator(mode="after")
+    def _check(self) -> "ParallelismConfig":
+        for key in ("tp", "pp"):
+            if getattr(self, key) != 1:
+                raise ValueError(
+                    f"{key}={getattr(self, key)} is not implemented yet: this version trains with data parallelism only; set parallelism.{key}=1"
+                )
+        if self.dp != "auto" and self.dp < 1:
+            raise ValueError("dp must be 'auto' or a positive integer")
+        return self
+
+
+class ModelEntry(StrictModel):
+    name: str = Field(..., description="Model name: names its run directory, job and logs.")
+    model: ArchConfig = Field(..., description="Architecture of the GPT.")
+    data: DataConfig = Field(default_factory=DataConfig, description="Training data.")
+    training: TrainingConfig = Field(..., description="Optimisation and schedule.")
+    parallelism: ParallelismConfig = Field(default_factory=ParallelismConfig, description="How ranks split the work.")
+    plan: ModelPlanConfig = Field(default_factory=ModelPlanConfig, description="Planning inputs for this model (clustertrain plan).")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return _check_name(v, "model name")
+
+
+class Project(StrictModel):
+    name: str = Field(..., description="Project name.")
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Where and on what the models train.")
+    storage: StorageConfig = Field(default_factory=StorageConfig, description="Shared file system root and buckets.")
+    models: list[ModelEntry] = Field(..., min_length=1, description="Models to train (several can share one cluster).")
+    plan: PlanConfig = Field(default_factory=PlanConfig, description="Planner settings (clustertrain plan).")
+    aws: AwsConfig | None = Field(None, description="AWS ParallelCluster and infrastructure settings (clustertrain cluster ...).")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return _check_name(v, "project name")
+
+    @model_validator(mode="after")
+    def _check(self) -> "Project":
+        seen: set[str] = set()
+        for i, m in enumerate(self.models):
+            if m.name in seen:
+                raise ValueError(f"models[{i}].name {m.name!r} is used twice; model names must be unique")
+            seen.add(m.name)
+            world = self.cluster.world_size
+            p = m.parallelism
+            if world % (p.tp * p.pp):
+                raise ValueError(f"models[{i}]: world size {world} is not divisible by tp x pp = {p.tp * p.pp}")
+            dp = world // (p.tp * p.pp)
+            if p.dp != "auto" and p.dp != dp:
+                raise ValueError(
+                    f"models[{i}].parallelism.dp={p.dp} but {self.cluster.nodes} node(s) x {self.cluster.ranks_per_node} ranks give dp={dp}; set dp: auto"
+                )
+            t = m.training
+            if t.global_batch % (t.micro_batch * dp):
+                raise ValueError(
+                    f"models[{i}].training.global_batch ({t.global_batch}) must be a multiple of micro_batch x dp "
+                    f"({t.micro_batch} x {dp} = {t.micro_batch * dp})"
+                )
+        return self
+
+    # ----- helpers used by several stages -----
+    def model(self, name: str) -> ModelEntry:
+        for m in self.models:
+            if m.name == name:
+                return m
+        raise ConfigError(f"no model named {name!r} in project {self.name!r}; models: {', '.join(m.name for m in self.models)}")
+
+    def dp_size(self, entry: ModelEntry) -> int:
+        return self.cluster.world_size // (entry.parallelism.tp * entry.parallelism.pp)
+
+
+# ---------------------------------------------------------------------------------------------
+# loading
+
+
+def load_project(path: str | Path, overrides: list[str] | None = None) -> Project:
+    """Read, override and validate a project file. Raises ConfigError with a one-line message."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: project file not found (pass the path to a YAML file, e.g. examples/quickstart.yaml)")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{path}{where}: YAML syntax error: {problem}; fix the YAML at that position") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text; save the project file as UTF-8") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the project file must be a YAML mapping with keys name, cluster, storage, models")
+    for item in overrides or []:
+        apply_override(raw, item)
+    project = validate_project(raw, source=str(path))
+    base = path.resolve().parent
+    if not project.storage.root.is_absolute():
+        project.storage.root = (base / project.storage.root).resolve()
+    for m in project.models:
+        src = m.data.source
+        if not src.startswith("builtin:") and not Path(src).is_absolute():
+            m.data.source = str(base / src)
+    return project
+
+
+def validate_project(raw: dict[str, Any], source: str = "project") -> Project:
+    try:
+        return Project.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, source)) from None
+
+
+def apply_override(raw: dict[str, Any], item: str) -> None:
+    """Apply one ``a.b.c=value`` override to the raw mapping (value parsed as a YAML scalar)."""
+    if "=" not in item:
+        raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. models.0.training.max_steps=40")
+    key, _, text = item.partition("=")
+    parts = [p for p in key.strip().split(".")]
+    if not key.strip() or any(not p for p in parts):
+        raise ConfigError(f"--set {item!r}: empty key part; use dotted keys like models.0.training.max_steps")
+    try:
+        value = yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError:
+        value = text
+    node: Any = raw
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if isinstance(node, list):
+            idx = _list_index(node, part)
+            if idx is None:
+                names = [m.get("name") for m in node if isinstance(m, dict)]
+                raise ConfigError(f"--set {key}: {part!r} is neither an index (0-{len(node) - 1}) nor a name ({', '.join(map(str, names))})")
+            if last:
+                node[idx] = value
+            else:
+                node = node[idx]
+        elif isinstance(node, dict):
+            if last:
+                node[part] = value
+            else:
+                if node.get(part) is None:
+                    node[part] = {}
+                node = node[part]
+        else:
+            raise ConfigError(f"--set {key}: {'.'.join(parts[:i])} is a value, not a section")
+
+
+def _list_index(node: list, part: str) -> int | None:
+    if part.lstrip("-").isdigit():
+        idx = int(part)
+        return idx if 0 <= idx < len(node) else None
+    for i, m in enumerate(node):
+        if isinstance(m, dict) and m.get("name") == part:
+            return i
+    return None
+
+
+def _loc_str(loc: tuple) -> str:
+    out = ""
+    for p in loc:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out
+
+
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    """The pydantic model class whose field set contains the last element of loc."""
+    cls: Any = Project
+    for p in loc[:-1]:
+        if isinstance(p, int):
+            continue
+        if not (isinstance(cls, type) and issubclass(cls, BaseModel)) or p not in cls.model_fields:
+            return None
+        ann = cls.model_fields[p].annotation
+        args = getattr(ann, "__args__", ())
+        cls = args[0] if args and isinstance(args[0], type) and issubclass(args[0], BaseModel) else ann
+    return cls if isinstance(cls, type) and issubclass(cls, BaseModel) else None
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    errors = err.errors()
+    first = errors[0]
+    loc = tuple(first["loc"])
+    where = _loc_str(loc) or "(top level)"
+    if first["type"] == "extra_forbidden":
+        owner = _model_at(loc)
+        valid = ", ".join(owner.model_fields) if owner else "see docs/project-file.md"
+        msg = f"{source}: {where}: unknown key; valid keys here: {valid}"
+    elif first["type"] == "missing":
+        msg = f"{source}: {where}: required key is missing; add it (see docs/project-file.md)"
+    else:
+        text = first["msg"]
+        text = text.removeprefix("Value error, ")
+        got = first.get("input")
+        shown = "" if isinstance(got, (dict, list)) or got is None or first["type"].startswith("value_error") else f" (got {got!r})"
+        msg = f"{source}: {where}: {text}{shown}"
+    if len(errors) > 1:
+        msg += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
+    return msg
+
+
+# ---------------------------------------------------------------------------------------------
+# identity
+
+
+def architecture_fingerprint(project: Project, entry: ModelEntry) -> str:
+    """What a checkpoint depends on: project name, model name, architecture. Changes make old checkpoints unusable."""
+    blob = json.dumps(
+        {"project": project.name, "model": entry.name, "arch": entry.model.model_dump(mode="json")}, sort_keys=True
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def dump_project(project: Project) -> str:
+    return yaml.safe_dump(project.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,163 @@
+"""Checkpoints: atomic, sharded-ready (torch.distributed.checkpoint), resumable.
+
+Layout below ``RUN_DIR/checkpoints/``::
+
+    step_00000040/          one complete checkpoint
+      .metadata, *.distcp   DCP: model and optimizer state (replicated DDP tensors written once)
+      rank_<R>.pt           per-rank state: torch/CUDA RNG, LR-scheduler state
+      meta.json             {"format": "clustertrain-checkpoint", "version": 1, "step", "consumed_samples",
+                             "world_size", "fingerprint", "project", "model", "time"} — written LAST
+    latest                  text file naming the newest complete checkpoint directory (atomic rename)
+    .tmp-step_...           a save in progress (or killed); removed at the next start
+
+Save protocol: every rank writes into ``.tmp-step_N``; after a barrier rank 0 writes
+``meta.json``, fsyncs, renames the directory to ``step_N``, fsyncs the parent, and only then
+replaces ``latest``. A kill at any moment therefore leaves ``latest`` at a complete checkpoint.
+A directory counts as a checkpoint only when it has both ``meta.json`` and ``.metadata``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from clustertrain.errors import RunDirError
+from clustertrain.rundir import fsync_dir, write_atomic
+
+FORMAT = "clustertrain-checkpoint"
+VERSION = 1
+STEP_DIR = re.compile(r"^step_(\d{8})$")
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def is_complete(path: Path) -> bool:
+    return (path / "meta.json").is_file() and (path / ".metadata").is_file()
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    return json.loads((path / "meta.json").read_text())
+
+
+def complete_checkpoints(root: Path) -> list[Path]:
+    """Complete checkpoint directories, oldest first."""
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and STEP_DIR.match(p.name) and is_complete(p)]
+    return sorted(found, key=lambda p: p.name)
+
+
+def find_latest(root: Path) -> Path | None:
+    """The checkpoint ``latest`` names if it is complete, else the newest complete one."""
+    pointer = root / "latest"
+    if pointer.is_file():
+        candidate = root / pointer.read_text().strip()
+        if STEP_DIR.match(candidate.name) and is_complete(candidate):
+            return candidate
+    done = complete_checkpoints(root)
+    return done[-1] if done else None
+
+
+def check_ownership(root: Path, fingerprint: str, project: str, model: str) -> None:
+    """Refuse to resume from checkpoints another project/model/architecture wrote."""
+    latest = find_latest(root)
+    if latest is None:
+        return
+    meta = read_meta(latest)
+    if meta.get("fingerprint") != fingerprint:
+        raise RunDirError(
+            f"{root.parent}: holds checkpoints of project {meta.get('project')!r} model {meta.get('model')!r} "
+            f"(another project or architecture than {project!r}/{model!r}); use another --run-dir, "
+            "or --no-resume to archive them and start over"
+        )
+
+
+def clean_stale(root: Path) -> None:
+    if root.is_dir():
+        for p in root.iterdir():
+            if p.name.startswith((".tmp-", ".trash-")):
+                shutil.rmtree(p, ignore_errors=True)
+
+
+@dataclass
+class CheckpointManager:
+    root: Path
+    keep_last: int
+    fingerprint: str
+    project: str
+    model_name: str
+    rank: int
+    world_size: int
+
+    def save(self, step: int, consumed_samples: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             extra: dict[str, Any]) -> Path:
+        final = self.root / step_dir_name(step)
+        tmp = self.root / f".tmp-{final.name}"
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        _barrier()
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
+        rank_file = tmp / f"rank_{self.rank}.pt"
+        with open(rank_file, "wb") as f:
+            torch.save(extra, f)
+            f.flush()
+            os.fsync(f.fileno())
+        _barrier()
+        if self.rank == 0:
+            meta = {
+                "format": FORMAT, "version": VERSION, "step": step, "consumed_samples": consumed_samples,
+                "world_size": self.world_size, "fingerprint": self.fingerprint, "project": self.project,
+                "model": self.model_name, "time": time.time(),
+            }
+            write_atomic(tmp / "meta.json", json.dumps(meta, indent=1))
+            fsync_dir(tmp)
+            if final.exists():  # an earlier save of the same step that `latest` never named
+                trash = self.root / f".trash-{final.name}-{os.getpid()}"
+                os.replace(final, trash)
+                shutil.rmtree(trash, ignore_errors=True)
+            os.replace(tmp, final)
+            fsync_dir(self.root)
+            write_atomic(self.root / "latest", final.name + "\n")
+            self._prune(final)
+        _barrier()
+        return final
+
+    def _prune(self, newest: Path) -> None:
+        done = [p for p in complete_checkpoints(self.root) if p != newest]
+        for old in done[: max(0, len(done) - (self.keep_last - 1))]:
+            trash = self.root / f".trash-{old.name}"
+            os.replace(old, trash)
+            shutil.rmtree(trash, ignore_errors=True)
+
+    def load(self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict[str, Any] | None]:
+        """Load model+optimizer in place; return (meta, this rank's extra state or None if the world size changed)."""
+        meta = read_meta(path)
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=str(path))
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        rank_file = path / f"rank_{self.rank}.pt"
+        extra = None
+        if meta.get("world_size") == self.world_size and rank_file.is_file():
+            extra = torch.load(rank_file, weights_only=True)
+        return meta, extra
+
+
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()

@@ -1,0 +1,74 @@
+"""The per-rank entry point: ``python -m clustertrain train --run-dir DIR --model NAME``.
+
+The same entry point runs under the local launcher (RANK/WORLD_SIZE/... set by it), under
+torchrun, and under ``srun`` (SLURM_PROCID/SLURM_NTASKS/...). It reads ``RUN_DIR/config.yaml``
+(written by the launcher), pins the local GPU when there is one, trains, and always ends with a
+barrier and ``destroy_process_group``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import yaml
+
+from clustertrain.errors import ClusterTrainError, ConfigError
+from clustertrain.project import Project, validate_project
+from clustertrain.rundir import RunPaths
+
+EXIT_OK = 0
+
+
+def load_resolved(paths: RunPaths) -> Project:
+    if not paths.config.is_file():
+        raise ConfigError(f"{paths.config}: missing; start runs with `clustertrain run PROJECT.yaml`, which writes it")
+    return validate_project(yaml.safe_load(paths.config.read_text()), source=str(paths.config))
+
+
+def run_rank(run_dir: Path, model_name: str) -> int:
+    import torch
+
+    from clustertrain.train.distributed import RankEnv, init_process_group, shutdown_process_group
+    from clustertrain.train.signals import StopRequest
+    from clustertrain.train.trainer import Trainer, write_status
+
+    stop = StopRequest().install()
+    paths = RunPaths(Path(run_dir))
+    project = load_resolved(paths)
+    entry = project.model(model_name)
+    env = RankEnv.from_environ()
+    cluster = project.cluster
+    if cluster.gpus_per_node > 0:
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"cluster.gpus_per_node={cluster.gpus_per_node} but no CUDA device is visible on this node; "
+                "set cluster.gpus_per_node: 0 to train on CPU workers"
+            )
+        device = torch.device("cuda", env.local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+        local_ranks = cluster.ranks_per_node
+        torch.set_num_threads(cluster.threads_per_worker or max(1, (os.cpu_count() or 1) // local_ranks))
+    if env.world_size > 1:
+        init_process_group(env, backend)
+    # On an exception the group is left as it is (a barrier would wait for peers that are stuck in
+    # a collective); the process exits non-zero and the launcher (or srun --kill-on-bad-exit) stops the rest.
+    trainer = Trainer(project, entry, paths, env, device)
+    outcome = trainer.fit(stop)
+    if env.rank == 0:
+        write_status(paths, outcome)
+    shutdown_process_group()
+    return EXIT_OK
+
+
+def main(run_dir: Path, model_name: str) -> int:
+    try:
+        return run_rank(run_dir, model_name)
+    except ClusterTrainError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return e.exit_code

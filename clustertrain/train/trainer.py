@@ -1,0 +1,200 @@
+"""The training loop of one rank: DDP over torch.distributed, grad accumulation, clipping,
+schedules, checkpoints, metrics and graceful stop. Started by :func:`clustertrain.train.entry.main`."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from clustertrain.data import SampleIndex, load_tokenizer, open_packed
+from clustertrain.errors import DataError
+from clustertrain.project import ModelEntry, Project, architecture_fingerprint
+from clustertrain.rundir import RunPaths, write_atomic
+from clustertrain.train.checkpoint import CheckpointManager, check_ownership, clean_stale, find_latest
+from clustertrain.train.distributed import RankEnv
+from clustertrain.train.metrics import MetricsWriter, peak_flops_for
+from clustertrain.train.model import GPT, flops_per_token, padded_vocab
+from clustertrain.train.optim import build_optimizer, build_scheduler
+from clustertrain.train.signals import StopRequest
+
+
+@dataclass
+class Outcome:
+    state: str  # "completed" | "stopped"
+    step: int
+    checkpoint: Path | None
+    signal: str | None = None
+
+
+def log(rank: int, msg: str) -> None:
+    if rank == 0:
+        print(f"[clustertrain] {msg}", flush=True)
+
+
+class Trainer:
+    def __init__(self, project: Project, entry: ModelEntry, paths: RunPaths, env: RankEnv, device: torch.device,
+                 resume: bool = True):
+        self.project, self.entry, self.paths, self.env, self.device = project, entry, paths, env, device
+        cfg = entry.training
+        self.cfg = cfg
+        self.dp = env.world_size
+        self.accum = cfg.global_batch // (cfg.micro_batch * self.dp)
+        if self.accum * cfg.micro_batch * self.dp != cfg.global_batch:
+            raise DataError(
+                f"training.global_batch ({cfg.global_batch}) is not a multiple of micro_batch x world size "
+                f"({cfg.micro_batch} x {self.dp}); change global_batch or micro_batch"
+            )
+        run = json.loads(paths.run_json.read_text())
+        dataset = open_packed(Path(run["dataset"]))
+        if dataset is None:
+            raise DataError(f"{run['dataset']}: prepared dataset is missing; re-run `clustertrain run` to prepare it")
+        self.tokenizer = load_tokenizer(entry.data.tokenizer)
+        self.samples = SampleIndex(dataset.tokens(), entry.model.seq_len, cfg.seed)
+
+        torch.manual_seed(cfg.seed)
+        model = GPT(entry.model, padded_vocab(entry.model, self.tokenizer.vocab_size)).to(device)
+        self.flops_per_token = flops_per_token(entry.model, model.num_params(non_embedding=True))
+        self.raw_model = model
+        ddp_kwargs = {"device_ids": [device.index]} if device.type == "cuda" else {}
+        self.model = DDP(model, **ddp_kwargs) if dist.is_initialized() else model
+        self.optimizer = build_optimizer(model, cfg)
+        self.scheduler = build_scheduler(self.optimizer, cfg)
+        torch.manual_seed(cfg.seed + 1 + env.rank)  # per-rank dropout stream
+        use_bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and device.type == "cuda")
+        self.autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if use_bf16 else nullcontext
+        # control messages (stop flag) travel on a CPU group, so checking them never syncs the GPU
+        self.ctrl = dist.new_group(backend="gloo") if dist.is_initialized() and device.type == "cuda" else None
+        self.ckpt = CheckpointManager(
+            paths.checkpoints, cfg.keep_last, architecture_fingerprint(project, entry), project.name, entry.name,
+            env.rank, env.world_size,
+        )
+        self.step = 0
+        if env.rank == 0:
+            clean_stale(paths.checkpoints)
+        if resume:
+            check_ownership(paths.checkpoints, self.ckpt.fingerprint, project.name, entry.name)
+        latest = find_latest(paths.checkpoints) if resume else None
+        if latest is not None:
+            meta, extra = self.ckpt.load(latest, model, self.optimizer)
+            self.step = int(meta["step"])
+            if extra is not None:
+                torch.set_rng_state(extra["rng_cpu"])
+                if device.type == "cuda" and extra.get("rng_cuda") is not None:
+                    torch.cuda.set_rng_state(extra["rng_cuda"], device)
+                self.scheduler.load_state_dict(extra["scheduler"])
+            else:
+                self.scheduler.last_epoch = self.step
+                self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
+                log(env.rank, f"world size changed since the checkpoint ({meta['world_size']} -> {env.world_size}): RNG streams restart")
+            log(env.rank, f"resumed from {latest} (step {self.step})")
+        self.metrics = (
+            MetricsWriter(paths.metrics, paths.tensorboard, self.step) if env.rank == 0 else None
+        )
+        peak = peak_flops_for(torch.cuda.get_device_name(device) if device.type == "cuda" else None)
+        self.peak_total = peak * env.world_size if peak else None
+
+    # ------------------------------------------------------------------
+    def _batch(self, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.cfg
+        start = self.step * cfg.global_batch + (self.env.rank * self.accum + micro) * cfg.micro_batch
+        data = torch.from_numpy(self.samples.batch(start, cfg.micro_batch))
+        if self.device.type == "cuda":
+            data = data.pin_memory().to(self.device, non_blocking=True)
+        return data[:, :-1], data[:, 1:]
+
+    def _train_step(self) -> tuple[torch.Tensor, torch.Tensor]:
+        loss_sum = torch.zeros((), device=self.device)
+        for micro in range(self.accum):
+            x, y = self._batch(micro)
+            sync = micro == self.accum - 1 or not isinstance(self.model, DDP)
+            with (nullcontext() if sync else self.model.no_sync()), self.autocast():
+                loss = self.model(x, y) / self.accum
+            loss.backward()
+            loss_sum += loss.detach()
+        max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), max_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss_sum, grad_norm
+
+    def _agree_stop(self, stop: StopRequest) -> bool:
+        if not dist.is_initialized():
+            return stop.requested
+        flag = torch.tensor([1 if stop.requested else 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.ctrl)
+        return bool(flag.item())
+
+    def _save(self) -> Path:
+        extra = {
+            "rng_cpu": torch.get_rng_state(),
+            "rng_cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
+            "scheduler": self.scheduler.state_dict(),
+        }
+        return self.ckpt.save(self.step, self.step * self.cfg.global_batch, self.raw_model, self.optimizer, extra)
+
+    def fit(self, stop: StopRequest) -> Outcome:
+        cfg, rank = self.cfg, self.env.rank
+        tokens_per_step = cfg.global_batch * self.entry.model.seq_len
+        log(rank, f"model {self.entry.name}: {self.raw_model.num_params():,} parameters, {self.env.world_size} rank(s), "
+                  f"grad accumulation {self.accum}, device {self.device.type}, steps {self.step}->{cfg.max_steps}")
+        saved: Path | None = None
+        interval_time, interval_steps = 0.0, 0
+        self.model.train()
+        try:
+            while self.step < cfg.max_steps:
+                t0 = time.perf_counter()
+                lr = self.scheduler.get_last_lr()[0]
+                loss, grad_norm = self._train_step()
+                self.step += 1
+                if self.device.type == "cuda" and (self.step % cfg.log_every == 0):
+                    torch.cuda.synchronize(self.device)
+                interval_time += time.perf_counter() - t0
+                interval_steps += 1
+                if self.step % cfg.log_every == 0 or self.step in (1, cfg.max_steps):
+                    if dist.is_initialized():
+                        dist.all_reduce(loss, op=dist.ReduceOp.SUM)
+                        loss /= self.env.world_size
+                    step_time = interval_time / interval_steps
+                    tps = tokens_per_step / step_time
+                    row = {
+                        "step": self.step, "loss": round(float(loss), 6), "lr": lr, "grad_norm": round(float(grad_norm), 6),
+                        "tokens_per_s": round(tps, 1), "step_time_s": round(step_time, 5),
+                        "mfu": round(self.flops_per_token * tps / self.peak_total, 4) if self.peak_total else None,
+                        "tokens": self.step * tokens_per_step, "time": time.time(),
+                    }
+                    if self.metrics:
+                        self.metrics.write(row)
+                    log(rank, f"step {self.step}/{cfg.max_steps} loss {row['loss']:.4f} lr {lr:.2e} "
+                              f"grad_norm {row['grad_norm']:.3f} {tps:,.0f} tok/s")
+                    interval_time, interval_steps = 0.0, 0
+                stopping = self._agree_stop(stop)
+                if stopping or self.step % cfg.checkpoint_every == 0 or self.step == cfg.max_steps:
+                    saved = self._save()
+                    log(rank, f"saved checkpoint {saved}")
+                if stopping:
+                    log(rank, f"stopped by {stop.signal_name or 'a peer rank'} after step {self.step}; "
+                              f"checkpoint saved to {saved}; re-run the same command to resume")
+                    return Outcome("stopped", self.step, saved, stop.signal_name)
+        finally:
+            if self.metrics:
+                self.metrics.close()
+        if saved is None:
+            saved = find_latest(self.paths.checkpoints)
+        log(rank, f"training complete at step {self.step}; final checkpoint {saved}")
+        return Outcome("completed", self.step, saved)
+
+
+def write_status(paths: RunPaths, outcome: Outcome) -> None:
+    write_atomic(paths.status, json.dumps({
+        "state": outcome.state, "step": outcome.step, "signal": outcome.signal,
+        "checkpoint": str(outcome.checkpoint) if outcome.checkpoint else None, "pid": os.getpid(), "time": time.time(),
+    }))

@@ -376,7 +376,7 @@ def format_validation_error(err: ValidationError, source: str) -> str:
     errors = err.errors()
     first = errors[0]
     loc = tuple(first["loc"])
-    where = _loc_str(loc) or "(top level)"
+    where = _loc_str(loc)
     if first["type"] == "extra_forbidden":
         owner = _model_at(loc)
         valid = ", ".join(owner.model_fields) if owner else "see docs/project-file.md"
@@ -388,7 +388,7 @@ def format_validation_error(err: ValidationError, source: str) -> str:
         text = text.removeprefix("Value error, ")
         got = first.get("input")
         shown = "" if isinstance(got, (dict, list)) or got is None or first["type"].startswith("value_error") else f" (got {got!r})"
-        msg = f"{source}: {where}: {text}{shown}"
+        msg = f"{source}: {where}: {text}{shown}" if where else f"{source}: {text}{shown}"
     if len(errors) > 1:
         msg += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
     return msg

@@ -19,6 +19,18 @@ from clustertrain.project import Project, validate_project
 from clustertrain.rundir import RunPaths
 
 EXIT_OK = 0
+INJECT_ENV = "CLUSTERTRAIN_INJECT_FAILURE"
+
+
+def injected_failure_step(value: str | None, rank: int) -> int | None:
+    """Failure rehearsal: ``CLUSTERTRAIN_INJECT_FAILURE=rank:step`` makes that rank raise before that step."""
+    if not value:
+        return None
+    try:
+        want_rank, step = (int(x) for x in value.split(":"))
+    except ValueError:
+        raise ConfigError(f"{INJECT_ENV}={value!r}: expected RANK:STEP, e.g. 1:5") from None
+    return step if want_rank == rank else None
 
 
 def load_resolved(paths: RunPaths) -> Project:
@@ -58,7 +70,8 @@ def run_rank(run_dir: Path, model_name: str) -> int:
         init_process_group(env, backend)
     # On an exception the group is left as it is (a barrier would wait for peers that are stuck in
     # a collective); the process exits non-zero and the launcher (or srun --kill-on-bad-exit) stops the rest.
-    trainer = Trainer(project, entry, paths, env, device)
+    fail_at = injected_failure_step(os.environ.get(INJECT_ENV), env.rank)
+    trainer = Trainer(project, entry, paths, env, device, fail_at_step=fail_at)
     outcome = trainer.fit(stop)
     if env.rank == 0:
         write_status(paths, outcome)

@@ -41,7 +41,8 @@ def log(rank: int, msg: str) -> None:
 
 class Trainer:
     def __init__(self, project: Project, entry: ModelEntry, paths: RunPaths, env: RankEnv, device: torch.device,
-                 resume: bool = True):
+                 resume: bool = True, fail_at_step: int | None = None):
+        self.fail_at_step = fail_at_step
         self.project, self.entry, self.paths, self.env, self.device = project, entry, paths, env, device
         cfg = entry.training
         self.cfg = cfg
@@ -152,6 +153,8 @@ class Trainer:
         try:
             while self.step < cfg.max_steps:
                 t0 = time.perf_counter()
+                if self.fail_at_step is not None and self.step + 1 >= self.fail_at_step:
+                    raise RuntimeError(f"injected failure at step {self.step + 1} (CLUSTERTRAIN_INJECT_FAILURE)")
                 lr = self.scheduler.get_last_lr()[0]
                 loss, grad_norm = self._train_step()
                 self.step += 1

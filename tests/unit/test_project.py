@@ -1,0 +1,131 @@
+"""The project file: loading, defaults, overrides and one-line errors."""
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from clustertrain.errors import ConfigError
+from clustertrain.project import architecture_fingerprint, load_project
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = ROOT / "examples" / "quickstart.yaml"
+
+GOOD = """
+name: demo
+storage: {root: ./r}
+models:
+  - name: m1
+    model: {layers: 2, hidden: 64, heads: 4, seq_len: 32}
+    training: {max_steps: 10, micro_batch: 2, global_batch: 4}
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "p.yaml"
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def test_quickstart_loads_with_defaults():
+    p = load_project(QUICKSTART)
+    assert p.cluster.world_size == 2
+    assert p.storage.root == (ROOT / "runs").resolve()
+    m = p.models[0]
+    assert m.model.ffn_dim == 4 * m.model.hidden
+    assert p.dp_size(m) == 2
+
+
+def test_relative_root_resolved_against_file(tmp_path):
+    p = load_project(write(tmp_path, GOOD))
+    assert p.storage.root == (tmp_path / "r").resolve()
+
+
+def test_overrides_by_index_and_name_are_type_checked(tmp_path):
+    path = write(tmp_path, GOOD)
+    p = load_project(path, ["models.0.training.max_steps=40", "models.m1.training.lr=1e-3", "cluster.procs_per_node=1"])
+    assert p.models[0].training.max_steps == 40
+    assert p.models[0].training.lr == pytest.approx(1e-3)
+    assert p.cluster.world_size == 1
+    with pytest.raises(ConfigError, match=r"models\[0\]\.training\.max_steps: .*integer"):
+        load_project(path, ["models.0.training.max_steps=lots"])
+    with pytest.raises(ConfigError, match="neither an index"):
+        load_project(path, ["models.nosuch.training.lr=1"])
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        load_project(path, ["models.0.training.lr"])
+
+
+@pytest.mark.parametrize(
+    "mutation, message",
+    [
+        ("models.0.training.max_step=5", r"models\[0\]\.training\.max_step: unknown key; valid keys here: max_steps"),
+        ("models.0.model.heads=5", r"heads \(5\) must divide hidden \(64\); e.g. heads=4"),
+        ("models.0.training.max_steps=0", r"max_steps must be a positive number of steps, got 0"),
+        ("models.0.training.max_steps=-3", r"max_steps must be a positive number"),
+        ("models.0.parallelism.tp=2", r"tp=2 is not implemented yet.*set parallelism.tp=1"),
+        ("models.0.training.global_batch=6", r"global_batch \(6\) must be a multiple of micro_batch x dp \(2 x 2 = 4\)"),
+        ("cluster.nodes=2", r"local backend runs on one node"),
+        ("cluster.colour=red", r"cluster\.colour: unknown key; valid keys here: backend, nodes"),
+        ("models.0.name=bad name!", r"model name 'bad name!' must be"),
+    ],
+)
+def test_bad_values_give_one_line_naming_the_field(tmp_path, mutation, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        load_project(write(tmp_path, GOOD), [mutation])
+    assert "\n" not in str(info.value)
+    assert str(tmp_path / "p.yaml") in str(info.value)
+
+
+def test_yaml_syntax_error_names_line(tmp_path):
+    path = write(tmp_path, "name: demo\nmodels: [\n  - {name: x\n")
+    with pytest.raises(ConfigError, match=r"p\.yaml:\d+:\d+: YAML syntax error"):
+        load_project(path)
+
+
+def test_missing_file_and_missing_key(tmp_path):
+    with pytest.raises(ConfigError, match="project file not found"):
+        load_project(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match=r"models: required key is missing"):
+        load_project(write(tmp_path, "name: demo\n"))
+
+
+def test_duplicate_model_names(tmp_path):
+    text = GOOD + """  - name: m1
+    model: {layers: 2, hidden: 64, heads: 4, seq_len: 32}
+    training: {max_steps: 10}
+"""
+    with pytest.raises(ConfigError, match="used twice"):
+        load_project(write(tmp_path, text))
+
+
+def test_fingerprint_changes_with_architecture(tmp_path):
+    path = write(tmp_path, GOOD)
+    a = load_project(path)
+    b = load_project(path, ["models.0.model.layers=3"])
+    c = load_project(path, ["models.0.training.lr=1e-2"])
+    assert architecture_fingerprint(a, a.models[0]) != architecture_fingerprint(b, b.models[0])
+    assert architecture_fingerprint(a, a.models[0]) == architecture_fingerprint(c, c.models[0])
+
+
+def test_cli_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path):
+    path = write(tmp_path, GOOD)
+    proc = subprocess.run(
+        [sys.executable, "-m", "clustertrain", "run", str(path), "--set", "models.0.model.heads=3"],
+        capture_output=True, text=True, cwd=tmp_path,
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "heads (3) must divide hidden (64)" in lines[0]
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert not (tmp_path / "r").exists()
+
+
+def test_reference_doc_is_current():
+    from clustertrain.docs import project_reference
+
+    doc = (ROOT / "docs" / "project-file.md").read_text()
+    assert doc == project_reference(), "docs/project-file.md is stale: run `clustertrain config docs -o docs/project-file.md`"
+    for key in ("max_steps", "checkpoint_every", "gpus_per_node", "tie_embeddings"):
+        assert f"`{key}`" in doc

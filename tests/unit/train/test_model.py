@@ -1,0 +1,52 @@
+import torch
+
+from clustertrain.project import ArchConfig, TrainingConfig
+from clustertrain.train.model import GPT, flops_per_token, padded_vocab
+from clustertrain.train.optim import build_optimizer, lr_at
+
+
+def test_gpt_shapes_params_and_tied_embeddings():
+    arch = ArchConfig(layers=2, hidden=32, heads=4, seq_len=16)
+    model = GPT(arch, padded_vocab(arch, 258))
+    assert model.vocab == 320
+    x = torch.randint(0, 258, (3, 16))
+    assert model(x).shape == (3, 16, 320)
+    loss = model(x, x)
+    assert 5.0 < loss.item() < 7.0  # ~ln(320) at init
+    assert model.head.weight is model.tok_emb.weight
+    per_layer = 2 * 32 + (32 * 96 + 96) + (32 * 32 + 32) + 2 * 32 + (32 * 128 + 128) + (128 * 32 + 32)
+    assert model.num_params(non_embedding=True) == 2 * per_layer + 2 * 32
+    assert model.num_params() == model.num_params(non_embedding=True) + 320 * 32 + 16 * 32
+
+
+def test_swiglu_untied_and_rmsnorm():
+    arch = ArchConfig(layers=1, hidden=64, heads=2, seq_len=8, mlp="swiglu", norm="rmsnorm", tie_embeddings=False)
+    model = GPT(arch, 256)
+    assert arch.ffn_dim == 192
+    assert model.head.weight is not model.tok_emb.weight
+    assert model(torch.zeros(1, 8, dtype=torch.long)).shape == (1, 8, 256)
+
+
+def test_flops_formula():
+    arch = ArchConfig(layers=2, hidden=32, heads=4, seq_len=16)
+    assert flops_per_token(arch, 1000) == 6 * 1000 + 6 * 2 * 4 * 8 * 16
+
+
+def test_lr_schedule_warmup_cosine_linear_constant():
+    cfg = TrainingConfig(max_steps=110, lr=1.0, min_lr=0.1, warmup_steps=10)
+    assert lr_at(0, cfg) == 0.1 and lr_at(9, cfg) == 1.0
+    assert lr_at(10, cfg) == 1.0
+    assert abs(lr_at(60, cfg) - 0.55) < 1e-9
+    assert abs(lr_at(110, cfg) - 0.1) < 1e-9
+    lin = cfg.model_copy(update={"schedule": "linear"})
+    assert abs(lr_at(35, lin) - (0.1 + 0.9 * 0.75)) < 1e-9
+    const = cfg.model_copy(update={"schedule": "constant"})
+    assert lr_at(100, const) == 1.0
+
+
+def test_no_weight_decay_on_vectors():
+    arch = ArchConfig(layers=1, hidden=32, heads=2, seq_len=8)
+    opt = build_optimizer(GPT(arch, 64), TrainingConfig(max_steps=1, weight_decay=0.1))
+    decay, no_decay = opt.param_groups
+    assert all(p.dim() >= 2 for p in decay["params"]) and decay["weight_decay"] == 0.1
+    assert all(p.dim() == 1 for p in no_decay["params"]) and no_decay["weight_decay"] == 0.0

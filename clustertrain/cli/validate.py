@@ -1,0 +1,125 @@
+"""`clustertrain validate ...`: environment scans, collectives and storage benchmarks, log parsing."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+
+from clustertrain.errors import ClusterTrainError
+
+app = typer.Typer(help="Validate a cluster: environment scans, NCCL/gloo collectives, storage, benchmark logs.",
+                  no_args_is_help=True)
+
+
+def _fail(e: ClusterTrainError) -> None:
+    typer.echo(f"error: {e}", err=True)
+    raise typer.Exit(e.exit_code)
+
+
+@app.command()
+def scan(
+    role: Annotated[str, typer.Option(help="Node role: head, compute or container.")],
+    instance_type: Annotated[str | None, typer.Option(help="Instance type (default: read from DMI).")] = None,
+    requirements: Annotated[Path | None, typer.Option(help="Requirements YAML (default: the bundled table).")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Check this node against the requirements table; exit 1 when a check fails."""
+    from clustertrain.validate import load_requirements, scan as do_scan, scan_table
+
+    try:
+        report = do_scan(role, instance_type, load_requirements(requirements))
+    except ClusterTrainError as e:
+        _fail(e)
+    typer.echo(report.model_dump_json(indent=2) if json_out else scan_table(report))
+    raise typer.Exit(1 if report.failed else 0)
+
+
+@app.command()
+def collectives(
+    ops: Annotated[str, typer.Option(help="Comma-separated collectives.")] = "all_reduce,all_gather,broadcast,reduce,reduce_scatter,alltoall",
+    min_bytes: Annotated[str, typer.Option(help="Smallest size: 8, 1K, 4M, 4G.")] = "8",
+    max_bytes: Annotated[str, typer.Option(help="Largest size: 8, 1K, 4M, 4G.")] = "64M",
+    factor: Annotated[int, typer.Option(help="Size multiplier.")] = 2,
+    iters: Annotated[int, typer.Option(help="Timed iterations per size.")] = 20,
+    warmup: Annotated[int, typer.Option(help="Warm-up iterations per size.")] = 5,
+    nproc: Annotated[int, typer.Option(help="Local processes when not inside a distributed job.")] = 2,
+    timeout: Annotated[float, typer.Option(help="Per-operation timeout, seconds.")] = 60.0,
+    backend: Annotated[str | None, typer.Option(help="nccl or gloo (default: nccl if CUDA).")] = None,
+    fault: Annotated[str | None, typer.Option(help="Self-test fault: hang|corrupt|exit:RANK:OP or absent:RANK.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    csv_file: Annotated[Path | None, typer.Option("--csv", help="Also write CSV rows to this file.")] = None,
+) -> None:
+    """Benchmark collectives with correctness checks; exit 1 when any op fails or hangs."""
+    from clustertrain.validate import (
+        CollectivesConfig, ValidateError, collectives_csv, collectives_table, job_env, parse_size, run_collectives,
+    )
+
+    try:
+        try:
+            spec = CollectivesConfig(ops=[o.strip() for o in ops.split(",") if o.strip()], min_bytes=parse_size(min_bytes),
+                                     max_bytes=parse_size(max_bytes), factor=factor, iters=iters, warmup=warmup,
+                                     timeout_s=timeout, backend=backend, nproc=nproc, fault=fault)
+        except ValidationError as e:
+            err = e.errors()[0]
+            raise ValidateError(f"--{'-'.join(str(x) for x in err['loc'])}: {err['msg'].removeprefix('Value error, ')}") from None
+        run = run_collectives(spec)
+        env = job_env()
+    except ClusterTrainError as e:
+        _fail(e)
+    if env is None or env.rank == 0:
+        typer.echo(run.model_dump_json(indent=2) if json_out else collectives_table(run))
+        if csv_file:
+            tmp = csv_file.with_name(csv_file.name + ".tmp")
+            tmp.write_text(collectives_csv(run))
+            os.replace(tmp, csv_file)
+    sys.stdout.flush()
+    code = 1 if run.failed else 0
+    if env is not None:
+        os._exit(code)  # a wedged process group must not hang the exit of a rank
+    raise typer.Exit(code)
+
+
+@app.command()
+def parse(
+    file: Annotated[Path, typer.Argument(help="nccl-tests / IOR / mdtest log, or fio JSON.")],
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Parse a benchmark log (tool detected from the content); exit 1 when it shows a failure."""
+    from clustertrain.validate import collectives_table, parse_output_file, storage_table
+
+    try:
+        run = parse_output_file(file)
+    except ClusterTrainError as e:
+        _fail(e)
+    if json_out:
+        typer.echo(run.model_dump_json(indent=2))
+    else:
+        typer.echo(collectives_table(run) if run.kind == "collectives" else storage_table(run))
+    raise typer.Exit(1 if run.failed else 0)
+
+
+@app.command()
+def storage(
+    paths: Annotated[list[Path], typer.Argument(help="Directories on the mounts to benchmark.")],
+    size: Annotated[str, typer.Option(help="Data written then read per path: 64M, 1G...")] = "256M",
+    files: Annotated[int, typer.Option(help="Files for the metadata rates.")] = 1000,
+    engine: Annotated[str, typer.Option(help="auto (fio if installed), fio or python.")] = "auto",
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Sequential write/read throughput and create/stat/unlink rates per path; exit 1 on failure."""
+    from clustertrain.validate import StorageBenchConfig, ValidateError, parse_size, run_storage_bench, storage_table
+
+    try:
+        if engine not in ("auto", "fio", "python"):
+            raise ValidateError(f"--engine {engine!r} is unknown; valid engines are: auto, fio, python")
+        cfg = StorageBenchConfig(size_mib=max(parse_size(size) // (1024 * 1024), 1), files=files, engine=engine)
+        run = run_storage_bench(list(paths), cfg)
+    except ClusterTrainError as e:
+        _fail(e)
+    typer.echo(run.model_dump_json(indent=2) if json_out else storage_table(run))
+    raise typer.Exit(1 if run.failed else 0)

@@ -1,14 +1,402 @@
 """Project-file section owned by the cloud stage: ``aws:`` (ParallelCluster, infrastructure).
-A leaf module: it imports nothing from clustertrain but errors, so project.py can compose it."""
+
+A leaf module: it imports nothing from clustertrain but errors, so project.py can compose it.
+Facts that are pure arithmetic on the documented AWS limits (FSx for Lustre capacity steps and
+throughput tiers, ParallelCluster name rules) live here as constants and small functions, so the
+project-file validators and the rules for hand-written ParallelCluster files share one copy.
+"""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+import ipaddress
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+# ---------------------------------------------------------------------------------------------
+# documented limits (FSx for Lustre user guide "Managing storage capacity" / "throughput capacity";
+# ParallelCluster 3 config reference "SlurmQueues / Name", "ComputeResources / Name")
+
+FSX_DEPLOYMENT_TYPES = ("SCRATCH_1", "SCRATCH_2", "PERSISTENT_1", "PERSISTENT_2")
+FSX_THROUGHPUT = {"PERSISTENT_1": (50, 100, 200, 12, 40), "PERSISTENT_2": (125, 250, 500, 1000)}
+FSX_COMPRESSION = ("LZ4", "NONE")
+SUPPORTED_OS = ("alinux2023", "ubuntu2204", "ubuntu2404", "rhel8", "rhel9", "rocky8", "rocky9")
+OS_DEFAULT_USER = {"alinux2023": "ec2-user", "ubuntu2204": "ubuntu", "ubuntu2404": "ubuntu",
+                   "rhel8": "ec2-user", "rhel9": "ec2-user", "rocky8": "rocky", "rocky9": "rocky"}
+QUEUE_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,24}$")
+RESOURCE_NAME_RE = QUEUE_NAME_RE  # same rule for compute resources (pcluster NameValidator)
+SUBNET_ID_RE = re.compile(r"^subnet-([0-9a-f]{8}|[0-9a-f]{17})$")
+SG_ID_RE = re.compile(r"^sg-([0-9a-f]{8}|[0-9a-f]{17})$")
+CR_ID_RE = re.compile(r"^cr-[0-9a-f]{17}$")
+DIR_KINDS = ("datasets", "checkpoints", "outputs", "logs", "tensorboard")
+
+
+def fsx_capacity_problem(deployment: str, capacity_gb: int, throughput: int | None = None) -> str | None:
+    """Why ``capacity_gb`` is not a valid StorageCapacity for this deployment type, or None."""
+    if capacity_gb <= 0:
+        return f"StorageCapacity must be positive, got {capacity_gb}"
+    if deployment == "SCRATCH_1":
+        ok = capacity_gb in (1200, 2400) or (capacity_gb > 2400 and capacity_gb % 3600 == 0)
+        rule = "1200, 2400 or a multiple of 3600 GiB"
+    elif deployment == "PERSISTENT_1" and throughput in (12, 40):
+        step = 6000 if throughput == 12 else 1800
+        ok, rule = capacity_gb % step == 0, f"a multiple of {step} GiB (HDD, {throughput} MB/s/TiB)"
+    else:
+        ok = capacity_gb == 1200 or capacity_gb % 2400 == 0
+        rule = "1200 or a multiple of 2400 GiB"
+    if ok:
+        return None
+    near = _nearest_capacity(deployment, capacity_gb, throughput)
+    return f"StorageCapacity {capacity_gb} is not valid for {deployment}: use {rule} (nearest: {near})"
+
+
+def _nearest_capacity(deployment: str, capacity_gb: int, throughput: int | None) -> int:
+    if deployment == "PERSISTENT_1" and throughput in (12, 40):
+        step = 6000 if throughput == 12 else 1800
+        return max(step, -(-capacity_gb // step) * step)
+    if capacity_gb <= 1200:
+        return 1200
+    step = 3600 if deployment == "SCRATCH_1" else 2400
+    return max(2400, -(-capacity_gb // step) * step)
+
+
+def fsx_throughput_problem(deployment: str, throughput: int | None) -> str | None:
+    """Why ``throughput`` is not a valid PerUnitStorageThroughput for this deployment type, or None."""
+    allowed = FSX_THROUGHPUT.get(deployment)
+    if allowed is None:
+        if throughput is not None:
+            return f"PerUnitStorageThroughput applies only to PERSISTENT_1/PERSISTENT_2, not {deployment}; remove it"
+        return None
+    if throughput is None:
+        return f"PerUnitStorageThroughput is required for {deployment}; choose one of {', '.join(map(str, allowed))}"
+    if throughput not in allowed:
+        return f"PerUnitStorageThroughput {throughput} is not valid for {deployment}: choose one of {', '.join(map(str, allowed))} MB/s/TiB"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# sections
+
+
+class HeadNodeConfig(_Strict):
+    instance_type: str = Field("c6i.4xlarge", description="Head node instance type (runs slurmctld; no GPU needed).")
+    key_name: str | None = Field(
+        None, description="EC2 key pair name for SSH to the head node (the name only: key material never goes in the project file)."
+    )
+    root_volume_gb: int = Field(100, ge=35, le=16384, description="Head node root volume size in GiB (gp3).")
+    ssm: bool = Field(True, description="Attach AmazonSSMManagedInstanceCore so Session Manager can reach the head node.")
+
+
+class NetworkConfig(_Strict):
+    vpc_cidr: str = Field("10.0.0.0/16", description="VPC CIDR for `clustertrain cluster infra`.")
+    public_subnet_cidr: str = Field("10.0.0.0/24", description="Public subnet (head node, NAT gateway) CIDR; inside vpc_cidr.")
+    private_subnet_cidr: str = Field("10.0.64.0/18", description="Private subnet (compute nodes, FSx) CIDR; inside vpc_cidr.")
+    public_subnet_id: str | None = Field(
+        None, description="Existing public subnet for the head node (the infra stack's `PublicSubnetId` output). Required by `cluster config`."
+    )
+    private_subnet_id: str | None = Field(
+        None, description="Existing private subnet for compute nodes and FSx (the infra stack's `PrivateSubnetId` output). Required by `cluster config`."
+    )
+    head_security_group_id: str | None = Field(None, description="Extra security group for the head node (infra output `HeadNodeSecurityGroupId`).")
+    compute_security_group_id: str | None = Field(None, description="Extra security group for compute nodes (infra output `ComputeSecurityGroupId`).")
+    ssh_cidr: str | None = Field(
+        None, description="The only CIDR allowed to SSH to the head node, e.g. `203.0.113.0/24`. None: no SSH ingress (use Session Manager)."
+    )
+
+    @field_validator("vpc_cidr", "public_subnet_cidr", "private_subnet_cidr", "ssh_cidr")
+    @classmethod
+    def _cidr(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        try:
+            net = ipaddress.ip_network(v, strict=True)
+        except ValueError:
+            raise ValueError(f"{v!r} is not a CIDR block with its host bits zero, e.g. 10.0.0.0/16") from None
+        if not isinstance(net, ipaddress.IPv4Network):
+            raise ValueError(f"{v!r}: use an IPv4 CIDR")
+        return v
+
+    @field_validator("public_subnet_id", "private_subnet_id")
+    @classmethod
+    def _subnet(cls, v: str | None) -> str | None:
+        if v is not None and not SUBNET_ID_RE.match(v):
+            raise ValueError(f"{v!r} is not a subnet id like subnet-0123456789abcdef0")
+        return v
+
+    @field_validator("head_security_group_id", "compute_security_group_id")
+    @classmethod
+    def _sg(cls, v: str | None) -> str | None:
+        if v is not None and not SG_ID_RE.match(v):
+            raise ValueError(f"{v!r} is not a security group id like sg-0123456789abcdef0")
+        return v
+
+    @model_validator(mode="after")
+    def _inside(self) -> "NetworkConfig":
+        vpc = ipaddress.ip_network(self.vpc_cidr)
+        pub, priv = ipaddress.ip_network(self.public_subnet_cidr), ipaddress.ip_network(self.private_subnet_cidr)
+        for key, net in (("public_subnet_cidr", pub), ("private_subnet_cidr", priv)):
+            if not net.subnet_of(vpc):  # type: ignore[arg-type]
+                raise ValueError(f"{key} {net} is not inside vpc_cidr {vpc}; pick a block inside it")
+        if pub.overlaps(priv):
+            raise ValueError(f"public_subnet_cidr {pub} overlaps private_subnet_cidr {priv}; use separate blocks")
+        return self
+
+
+class QueueConfig(_Strict):
+    name: str = Field(..., description="Slurm partition name: lowercase letters, digits and '-', starting with a letter, at most 25 characters.")
+    instance_type: str = Field(..., description="Compute instance type, e.g. `p5e.48xlarge` (must be in the cloud catalog).")
+    min_count: int = Field(0, ge=0, description="Instances kept running (static nodes); 0 lets Slurm scale down to zero.")
+    max_count: int = Field(..., ge=1, description="Most instances this queue can launch.")
+    capacity_type: Literal["ONDEMAND", "SPOT", "CAPACITY_BLOCK"] = Field("ONDEMAND", description="How instances are bought.")
+    capacity_reservation_id: str | None = Field(
+        None, description="On-Demand Capacity Reservation (ODCR) or Capacity Block id to target, e.g. `cr-0123456789abcdef0`."
+    )
+    efa: bool | None = Field(None, description="Enable EFA. Default: on when the instance type supports it.")
+    placement_group: bool = Field(True, description="Launch the queue's nodes in a cluster placement group.")
+    gpu_health_checks: bool | None = Field(None, description="Slurm GPU health checks before jobs. Default: on for GPU instances.")
+    root_volume_gb: int = Field(200, ge=35, le=16384, description="Compute node root volume in GiB (gp3); containers and caches go to local NVMe, not here.")
+    exclusive: bool = Field(True, description="Whole-node jobs only (JobExclusiveAllocation).")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not QUEUE_NAME_RE.match(v) or v == "default":
+            raise ValueError(f"queue name {v!r} must be lowercase letters, digits and '-', start with a letter, at most 25 characters, not 'default'")
+        return v
+
+    @field_validator("capacity_reservation_id")
+    @classmethod
+    def _cr(cls, v: str | None) -> str | None:
+        if v is not None and not CR_ID_RE.match(v):
+            raise ValueError(f"capacity_reservation_id {v!r} must look like cr-0123456789abcdef0")
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> "QueueConfig":
+        if self.min_count > self.max_count:
+            raise ValueError(f"min_count ({self.min_count}) exceeds max_count ({self.max_count}); set min_count <= max_count")
+        if self.capacity_type == "SPOT" and self.capacity_reservation_id:
+            raise ValueError("capacity_reservation_id cannot be used with capacity_type SPOT; use ONDEMAND (ODCR) or CAPACITY_BLOCK")
+        if self.capacity_type == "CAPACITY_BLOCK" and not self.capacity_reservation_id:
+            raise ValueError("capacity_type CAPACITY_BLOCK needs capacity_reservation_id (the Capacity Block's cr- id)")
+        return self
+
+
+class FsxConfig(_Strict):
+    name: str = Field(..., description="Storage name in the cluster config (letters, digits, '-', '_').")
+    mount_dir: str = Field(..., description="Absolute mount point on every node, e.g. `/fsx/data`.")
+    capacity_gb: int = Field(1200, description="StorageCapacity in GiB: 1200 or multiples of 2400 (SCRATCH_2, PERSISTENT_1/2 SSD).")
+    throughput: int | None = Field(
+        None, description="PerUnitStorageThroughput in MB/s/TiB: PERSISTENT_2 125/250/500/1000 (default 250); PERSISTENT_1 50/100/200 (default 200); none for SCRATCH."
+    )
+    deployment_type: Literal["SCRATCH_1", "SCRATCH_2", "PERSISTENT_1", "PERSISTENT_2"] = Field(
+        "PERSISTENT_2", description="FSx for Lustre deployment type."
+    )
+    compression: Literal["LZ4", "NONE"] = Field("LZ4", description="Data compression (LZ4 saves capacity on checkpoints and text).")
+    file_system_id: str | None = Field(None, description="Mount an existing file system (`fs-...`) instead of creating one.")
+    holds: list[Literal["datasets", "checkpoints", "outputs", "logs", "tensorboard"]] = Field(
+        default_factory=list,
+        description="Per-model directories created on this file system. Kinds no file system names go to the first one.",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,29}", v):
+            raise ValueError(f"storage name {v!r} must be 1-30 letters, digits, '-' or '_'")
+        return v
+
+    @field_validator("mount_dir")
+    @classmethod
+    def _mount(cls, v: str) -> str:
+        return check_mount_dir(v)
+
+    @model_validator(mode="after")
+    def _check(self) -> "FsxConfig":
+        if self.file_system_id is None:
+            problem = fsx_throughput_problem(self.deployment_type, self.effective_throughput)
+            problem = problem or fsx_capacity_problem(self.deployment_type, self.capacity_gb, self.effective_throughput)
+            if problem:
+                raise ValueError(problem.replace("StorageCapacity", "capacity_gb").replace("PerUnitStorageThroughput", "throughput"))
+        elif not re.fullmatch(r"fs-[0-9a-f]{17}", self.file_system_id):
+            raise ValueError(f"file_system_id {self.file_system_id!r} must look like fs-0123456789abcdef0")
+        return self
+
+    @property
+    def effective_throughput(self) -> int | None:
+        if self.throughput is not None:
+            return self.throughput
+        return {"PERSISTENT_2": 250, "PERSISTENT_1": 200}.get(self.deployment_type)
+
+
+class EbsConfig(_Strict):
+    name: str = Field(..., description="Storage name in the cluster config.")
+    mount_dir: str = Field(..., description="Absolute mount point (shared from the head node over NFS).")
+    size_gb: int = Field(500, ge=1, le=16384, description="Volume size in GiB.")
+    volume_type: Literal["gp3", "gp2", "io1", "io2", "st1", "sc1"] = Field("gp3", description="EBS volume type.")
+    encrypted: bool = Field(True, description="Encrypt the volume.")
+
+    @field_validator("mount_dir")
+    @classmethod
+    def _mount(cls, v: str) -> str:
+        return check_mount_dir(v)
+
+
+class BucketsConfig(_Strict):
+    data: str | None = Field(None, description="Data bucket name (compute nodes read it). Default: the bucket of storage.data_bucket.")
+    checkpoints: str | None = Field(
+        None, description="Checkpoint bucket name (compute nodes write it; versioned). Default: the bucket of storage.checkpoint_bucket."
+    )
+
+    @field_validator("data", "checkpoints")
+    @classmethod
+    def _bucket(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", v):
+            raise ValueError(f"bucket name {v!r} must be 3-63 lowercase letters, digits, '.' or '-' (a name, not s3://...)")
+        return v
+
+
+class MonitoringConfig(_Strict):
+    cloudwatch: bool = Field(True, description="Send cluster logs to CloudWatch Logs and create the CloudWatch dashboard.")
+    log_retention_days: int = Field(14, description="CloudWatch log retention in days (a value CloudWatch accepts, e.g. 7, 14, 30, 90).")
+    detailed_monitoring: bool = Field(False, description="1-minute EC2 metrics (costs extra).")
+
+    @field_validator("log_retention_days")
+    @classmethod
+    def _retention(cls, v: int) -> int:
+        allowed = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653)
+        if v not in allowed:
+            raise ValueError(f"log_retention_days {v} is not a CloudWatch retention; choose one of {', '.join(map(str, allowed))}")
+        return v
+
+
+class SharedDirsConfig(_Strict):
+    owner: str | None = Field(None, description="Owner of the per-model directories. Default: the OS's default user (ec2-user on alinux2023).")
+    group: str | None = Field(None, description="Group of the per-model directories. Default: the owner.")
+    mode: str = Field("2775", description="Octal mode of the per-model directories (2775: group-writable, setgid keeps the group).")
+    mount_timeout_s: int = Field(600, ge=10, le=7200, description="How long the setup script waits for the shared file systems to mount.")
+
+    @field_validator("mode")
+    @classmethod
+    def _mode(cls, v: str) -> str:
+        if not re.fullmatch(r"[0-7]{3,4}", v):
+            raise ValueError(f"mode {v!r} must be 3 or 4 octal digits, e.g. 2775")
+        return v
+
+    @field_validator("owner", "group")
+    @classmethod
+    def _user(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", v):
+            raise ValueError(f"{v!r} is not a POSIX user/group name")
+        return v
+
+
+class EnrootConfig(_Strict):
+    local_dir: str = Field(
+        "/scratch", description="Local NVMe mount on compute nodes (ParallelCluster's EphemeralVolume): Enroot caches and container data go here, not to the root volume."
+    )
+
+    @field_validator("local_dir")
+    @classmethod
+    def _dir(cls, v: str) -> str:
+        return check_mount_dir(v)
+
+
+def check_mount_dir(v: str) -> str:
+    if not re.fullmatch(r"/[A-Za-z0-9._/-]*[A-Za-z0-9._-]", v) or "//" in v or "/../" in v + "/":
+        raise ValueError(f"mount dir {v!r} must be an absolute path of letters, digits, '.', '_', '-', e.g. /fsx/data")
+    reserved = ("/", "/home", "/opt", "/opt/slurm", "/opt/parallelcluster", "/opt/intel", "/etc", "/usr", "/var", "/tmp", "/root", "/boot", "/proc", "/sys", "/dev")
+    if v in reserved:
+        raise ValueError(f"mount dir {v!r} is a system directory; use e.g. /fsx/<name>")
+    return v
+
+
 class AwsConfig(_Strict):
     region: str = Field(..., description="AWS region, e.g. `ap-southeast-3`.")
+    availability_zone: str | None = Field(None, description="Availability zone for subnets and FSx, e.g. `ap-southeast-3a`. Required by `cluster infra`.")
+    os: Literal["alinux2023", "ubuntu2204", "ubuntu2404", "rhel8", "rhel9", "rocky8", "rocky9"] = Field(
+        "alinux2023", description="Node operating system (ParallelCluster 3.16 no longer accepts alinux2)."
+    )
+    cluster_name: str | None = Field(None, description="ParallelCluster cluster name (used in tags and docs). Default: the project name.")
+    head_node: HeadNodeConfig = Field(default_factory=HeadNodeConfig, description="The head node.")
+    network: NetworkConfig = Field(default_factory=NetworkConfig, description="VPC, subnets, security groups and SSH access.")
+    queues: list[QueueConfig] = Field(..., min_length=1, description="Slurm queues (one compute resource each).")
+    fsx: list[FsxConfig] = Field(default_factory=list, description="FSx for Lustre file systems.")
+    ebs: list[EbsConfig] = Field(default_factory=list, description="EBS volumes shared from the head node (optional).")
+    buckets: BucketsConfig = Field(default_factory=BucketsConfig, description="S3 buckets created by `cluster infra` and granted to compute nodes.")
+    scripts_s3_uri: str | None = Field(
+        None, description="`s3://bucket/prefix` where the node scripts are uploaded. Default: `s3://<data bucket>/clustertrain/node-scripts`."
+    )
+    additional_iam_policies: list[str] = Field(
+        default_factory=list, description="Extra IAM policy ARNs for compute nodes, e.g. the infra stack's `ComputeNodePolicyArn`."
+    )
+    tags: dict[str, str] = Field(default_factory=dict, description="Tags on every resource (cluster and infra stack).")
+    monitoring: MonitoringConfig = Field(default_factory=MonitoringConfig, description="CloudWatch logs, dashboard and metrics.")
+    shared_dirs: SharedDirsConfig = Field(default_factory=SharedDirsConfig, description="Owner and mode of the per-model directories.")
+    enroot: EnrootConfig = Field(default_factory=EnrootConfig, description="Where Enroot/Pyxis keep caches and container data.")
+    scaledown_idletime: int = Field(10, ge=1, description="Minutes an idle dynamic node waits before it is terminated.")
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, v: str) -> str:
+        if not re.fullmatch(r"[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d", v):
+            raise ValueError(f"region {v!r} is not an AWS region name, e.g. ap-southeast-3")
+        return v
+
+    @field_validator("cluster_name")
+    @classmethod
+    def _cluster_name(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[A-Za-z][A-Za-z0-9-]{0,59}", v):
+            raise ValueError(f"cluster_name {v!r} must start with a letter and hold only letters, digits and '-' (at most 60)")
+        return v
+
+    @field_validator("scripts_s3_uri")
+    @classmethod
+    def _s3(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[A-Za-z0-9._/-]*)?", v):
+            raise ValueError(f"scripts_s3_uri {v!r} must look like s3://bucket/prefix")
+        return v.rstrip("/") if v else v
+
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, v: dict[str, str]) -> dict[str, str]:
+        for k in v:
+            if k.lower().startswith("aws:") or k.startswith("parallelcluster:"):
+                raise ValueError(f"tag key {k!r} uses a reserved prefix (aws:, parallelcluster:); rename it")
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> "AwsConfig":
+        if self.availability_zone and not re.fullmatch(re.escape(self.region) + r"[a-z]", self.availability_zone):
+            raise ValueError(f"availability_zone {self.availability_zone!r} is not in region {self.region}; e.g. {self.region}a")
+        names = [q.name for q in self.queues]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"queue name {dup[0]!r} is used twice; queue names must be unique")
+        mounts = [s.mount_dir for s in self.fsx] + [s.mount_dir for s in self.ebs]
+        dupm = sorted({m for m in mounts if mounts.count(m) > 1})
+        if dupm:
+            raise ValueError(f"mount dir {dupm[0]!r} is used by two file systems; give each its own mount_dir")
+        snames = [s.name for s in self.fsx] + [s.name for s in self.ebs]
+        dups = sorted({n for n in snames if snames.count(n) > 1})
+        if dups:
+            raise ValueError(f"storage name {dups[0]!r} is used twice; storage names must be unique")
+        held = [k for s in self.fsx for k in s.holds]
+        duph = sorted({k for k in held if held.count(k) > 1})
+        if duph:
+            raise ValueError(f"directory kind {duph[0]!r} is held by two file systems; list it under one fsx[].holds")
+        return self
+
+    def layout(self) -> dict[str, str]:
+        """Directory kind -> mount dir holding it (kinds nobody names go to the first shared file system)."""
+        stores = [(s.mount_dir, list(s.holds)) for s in self.fsx] + [(e.mount_dir, []) for e in self.ebs]
+        if not stores:
+            return {}
+        out = {k: d for d, holds in stores for k in holds}
+        return {k: out.get(k, stores[0][0]) for k in DIR_KINDS}

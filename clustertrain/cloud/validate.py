@@ -1,0 +1,184 @@
+"""Validate a ParallelCluster config offline: aws-parallelcluster's own schema (when installed) plus our rules.
+
+The schema is ``pcluster.schemas.cluster_schema.ClusterSchema(...).load(config)``: pure marshmallow,
+no AWS calls (pcluster's *validators*, which do call AWS, are not run). Its nested messages are
+flattened into :class:`~clustertrain.cloud.rules.Finding` objects with the same YAML paths as ours.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from clustertrain.cloud.catalog import InstanceCatalog
+from clustertrain.cloud.rules import Finding, check_cluster_config
+from clustertrain.errors import ConfigError
+
+SCHEMA_FIXES = {
+    "Unknown field.": "remove it or move it where it belongs (see the ParallelCluster 3 configuration reference)",
+    "Missing data for required field.": "add it",
+    "String does not match expected pattern.": "use a real AWS id (e.g. subnet-0123456789abcdef0)",
+}
+
+
+@dataclass
+class ValidationReport:
+    findings: list[Finding] = field(default_factory=list)
+    schema_ran: bool = False
+    schema_note: str = ""
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.level == "error"]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.level == "warning"]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+def schema_available() -> bool:
+    try:
+        import pcluster.schemas.cluster_schema  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# Loading the schema builds pcluster's config object, whose constructor tries to cache
+# describe_capacity_reservations (it catches the failure). Inside this context boto3 finds no
+# credentials and no endpoint, so that attempt fails before any request leaves the machine.
+_OFFLINE_ENV = {
+    "AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None, "AWS_SESSION_TOKEN": None, "AWS_PROFILE": None,
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI": None, "AWS_CONTAINER_CREDENTIALS_FULL_URI": None,
+    "AWS_WEB_IDENTITY_TOKEN_FILE": None, "AWS_ROLE_ARN": None,
+    "AWS_SHARED_CREDENTIALS_FILE": os.devnull, "AWS_CONFIG_FILE": os.devnull, "AWS_EC2_METADATA_DISABLED": "true",
+    "AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_MAX_ATTEMPTS": "1",
+}
+
+
+@contextlib.contextmanager
+def offline_aws(region: str) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in [*_OFFLINE_ENV, "AWS_DEFAULT_REGION"]}
+    for k, v in {**_OFFLINE_ENV, "AWS_DEFAULT_REGION": region}.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    logging.disable(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logging.disable(logging.NOTSET)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def schema_findings(config: dict[str, Any]) -> list[Finding] | None:
+    """aws-parallelcluster's schema check as findings; None when aws-parallelcluster is not installed."""
+    if not schema_available():
+        return None
+    import marshmallow
+    from pcluster.schemas.cluster_schema import ClusterSchema
+
+    from pcluster.aws.aws_api import AWSApi
+
+    region = config.get("Region") if isinstance(config.get("Region"), str) else "us-east-1"
+    with offline_aws(region):
+        AWSApi.reset()
+        try:
+            ClusterSchema(cluster_name="clustertrain-check").load(config)
+        except marshmallow.ValidationError as err:
+            return list(_flatten(err.messages, ()))
+        except Exception as err:  # noqa: BLE001 - pcluster's post-load hooks raise plain errors on malformed input
+            return [Finding("error", "(file)", f"aws-parallelcluster could not load the config: {err}", "fix the reported key",
+                            source="aws-parallelcluster")]
+        finally:
+            AWSApi.reset()
+    return []
+
+
+def _flatten(messages: Any, path: tuple) -> Any:
+    if isinstance(messages, dict):
+        for key, value in messages.items():
+            if key == "_schema":
+                yield from _flatten(value, path)
+            else:
+                yield from _flatten(value, path + (int(key) if isinstance(key, str) and key.isdigit() else key,))
+    elif isinstance(messages, list) and messages and all(isinstance(m, str) for m in messages):
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".") or "(top level)"
+        for m in messages:
+            fix = SCHEMA_FIXES.get(m, "see the ParallelCluster 3 configuration reference")
+            if m == "Unknown field." and path and path[-1] == "SlurmQueues":
+                fix = "move SlurmQueues under Scheduling"
+            if m.startswith("Must be one of") and path and path[-1] == "Os":
+                fix = "use alinux2023 or ubuntu2204 (alinux2 is not supported by ParallelCluster 3.16)"
+            yield Finding("error", where, f"schema: {m.rstrip('.')}", fix, source="aws-parallelcluster")
+    elif isinstance(messages, list):
+        for i, value in enumerate(messages):
+            yield from _flatten(value, path + (i,))
+    else:
+        yield from _flatten([str(messages)], path)
+
+
+def validate_cluster_config(config: dict[str, Any], use_schema: bool = True, catalog: InstanceCatalog | None = None) -> ValidationReport:
+    """Schema (if installed and asked for) plus our rules. Duplicate messages for one path are kept: they say different things."""
+    report = ValidationReport()
+    if use_schema:
+        found = schema_findings(config)
+        if found is None:
+            report.schema_note = (
+                "aws-parallelcluster is not installed: only clustertrain's own rules ran "
+                "(pip install 'clustertrain[aws]' adds ParallelCluster's schema check)"
+            )
+        else:
+            report.schema_ran = True
+            report.findings += found
+    else:
+        report.schema_note = "ParallelCluster's schema check was skipped: only clustertrain's own rules ran"
+    report.findings += check_cluster_config(config, catalog)
+    return report
+
+
+def read_cluster_config(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"{path}: file not found; pass a ParallelCluster config or a clustertrain project file")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
+        raise ConfigError(f"{path}{where}: YAML syntax error: {getattr(e, 'problem', None) or e}; fix the YAML there") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a YAML mapping (a ParallelCluster config or a clustertrain project)")
+    return raw
+
+
+def is_project(raw: dict[str, Any]) -> bool:
+    return "models" in raw and "HeadNode" not in raw and "Scheduling" not in raw
+
+
+def validate_file(path: Path, overrides: list[str] | None = None, use_schema: bool = True) -> ValidationReport:
+    """Validate a ParallelCluster YAML file, or the config generated from a clustertrain project file."""
+    raw = read_cluster_config(Path(path))
+    if is_project(raw):
+        from clustertrain.cloud.pcluster import build_cluster_config
+        from clustertrain.project import load_project
+
+        config = build_cluster_config(load_project(path, overrides))
+    else:
+        config = raw
+    return validate_cluster_config(config, use_schema=use_schema)

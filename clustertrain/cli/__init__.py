@@ -11,8 +11,12 @@ import traceback
 import click
 import typer
 
+from clustertrain.cli import cluster as cluster_cli
 from clustertrain.cli import config as config_cli
+from clustertrain.cli import local_slurm as local_slurm_cli
 from clustertrain.cli import run as run_cli
+from clustertrain.cli import storage as storage_cli
+from clustertrain.cli import validate as validate_cli
 from clustertrain.errors import ClusterTrainError
 
 app = typer.Typer(
@@ -21,11 +25,15 @@ app = typer.Typer(
 )
 run_cli.register(app)
 app.add_typer(config_cli.app, name="config")
+app.add_typer(cluster_cli.app, name="cluster")
+app.add_typer(storage_cli.app, name="storage")
+app.add_typer(validate_cli.app, name="validate")
+app.add_typer(local_slurm_cli.app, name="local-slurm")
 
 
 def main(argv: list[str] | None = None) -> None:
     try:
-        app(args=argv, standalone_mode=False)
+        code = app(args=argv, standalone_mode=False)
     except ClusterTrainError as e:
         print(f"error: {e}", file=sys.stderr)
         if os.environ.get("CLUSTERTRAIN_DEBUG"):
@@ -39,3 +47,4 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -26,7 +26,7 @@ SETUP_DIRS_SCRIPT = "setup-dirs.sh"
 
 def require_aws(project: "Project") -> AwsConfig:
     if project.aws is None:
-        raise ConfigError(f"project {project.name!r} has no `aws:` section; add one (see docs/cloud.md and examples/p5e-80x7.aws.yaml)")
+        raise ConfigError(f"project {project.name!r} has no `aws:` section; add one (see docs/cloud.md and examples/p5e-80x7.yaml)")
     return project.aws
 
 

@@ -1,0 +1,43 @@
+"""`clustertrain plan PROJECT`: the arithmetic of a project file and what is wrong with it.
+
+Exit codes: 0 feasible, 1 the plan is infeasible (reasons printed), 2 bad input.
+Registered by the lead as ``app.command("plan")(plan_command)``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from clustertrain.errors import ConfigError
+from clustertrain.project import load_project
+
+FORMATS = ("table", "json", "markdown")
+
+
+def plan_command(
+    project_file: Path = typer.Argument(..., help="Project file (YAML)."),
+    format: str = typer.Option("table", "--format", "-f", help="Output format: table, json or markdown."),
+    set_: list[str] = typer.Option([], "--set", help="Override a project field, e.g. --set plan.cluster_nodes=64 (repeatable)."),
+    calibrate: bool = typer.Option(
+        False, "--calibrate", help="CPU projects: measure this machine (fp32 matmul and step kernels) to estimate step times."
+    ),
+) -> None:
+    """Plan a project: cluster totals, memory per GPU, time and cost per model, node allocation."""
+    from clustertrain.plan.plan import make_plan
+    from clustertrain.plan.render import render_plan
+
+    if format not in FORMATS:
+        raise ConfigError(f"--format {format!r}: unknown format; valid: {', '.join(FORMATS)}")
+    project = load_project(project_file, set_)
+    calibration = None
+    if calibrate:
+        if project.cluster.gpus_per_node > 0:
+            raise ConfigError(f"{project_file}: --calibrate measures CPU workers; this project has cluster.gpus_per_node={project.cluster.gpus_per_node}")
+        from clustertrain.plan.calibrate import calibrate as run_calibration
+
+        calibration = run_calibration(project)
+    plan = make_plan(project, calibration)
+    typer.echo(render_plan(plan, format).rstrip("\n"))
+    raise typer.Exit(0 if plan.feasible else 1)

@@ -1,0 +1,217 @@
+"""``make_plan(project) -> Plan``: the arithmetic of a project file — cluster totals, per-model
+memory, time and cost, the allocation of nodes across models — and what is wrong with it.
+
+Two modes: with ``plan.cluster_nodes`` the models train at the same time and share that many
+nodes (allocated by :func:`clustertrain.plan.allocate.allocate`); without it they run one after
+another, each on ``models[].plan.nodes`` or ``cluster.nodes``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+
+from clustertrain.plan.allocate import DAY, Allocation, Evaluation, Hardware, ModelSpec, allocate, evaluate
+from clustertrain.plan.catalog import Instance, find_instance, load_catalog
+from clustertrain.plan.shape import ModelShape, model_vocab
+
+
+@dataclass
+class ModelPlan:
+    name: str
+    params: int
+    non_embedding_params: int
+    flops_per_token: float
+    tokens: int
+    steps: int
+    total_flops: float
+    tp: int
+    pp: int
+    dp: int | None
+    micro_batch: int
+    global_batch: int
+    zero_stage: int
+    recompute: str
+    mfu: float
+    nodes: float | None               # fractional with node sharing; None when infeasible
+    gpus: int | None
+    fixed: bool
+    memory: dict[str, int] | None     # bytes per GPU: weights, grads, optimizer, activations, buffers, framework, total
+    memory_budget_bytes: int | None
+    step_time_s: float | None
+    days: float | None
+    gpu_hours: float | None
+    cost_usd: float | None
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def feasible(self) -> bool:
+        return not self.reasons
+
+
+@dataclass
+class ClusterTotals:
+    mode: str                          # concurrent | sequential
+    instance_type: str | None
+    gpu_model: str | None
+    nodes: int
+    gpus_per_node: int
+    ranks_per_node: int
+    gpus: int
+    vcpus: int | None
+    memory_gib: float | None
+    gpu_memory_gib: float | None       # per GPU
+    efa_gbps_per_node: float | None
+    price_per_hour: float | None       # per node
+    price_region: str | None
+    price_date: str | None
+    price_source: str | None
+    cost_per_hour: float | None        # whole cluster
+    idle_nodes: float
+    days: float | None                 # until the last model finishes
+    cost_usd: float | None             # the cluster for `days`
+
+
+@dataclass
+class Plan:
+    project: str
+    cluster: ClusterTotals
+    models: list[ModelPlan]
+    problems: list[str]
+    assumptions: list[str]
+
+    @property
+    def feasible(self) -> bool:
+        return not self.problems and all(m.feasible for m in self.models)
+
+
+def _hardware(project, calibration) -> tuple[Hardware, Instance | None]:
+    c, p = project.cluster, project.plan
+    inst = None
+    if c.instance_type:
+        inst = find_instance(load_catalog(p), c.instance_type, p)
+    if c.gpus_per_node > 0:
+        if inst is None:
+            return Hardware(c.gpus_per_node, None, None, p.headroom, p.framework_gib), None
+        return Hardware(c.gpus_per_node, inst.gpu_memory_gib, inst.peak_bf16_tflops * 1e12, p.headroom, p.framework_gib), inst
+    ranks = c.ranks_per_node
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024**3
+    peak = calibration.flops_per_worker if calibration is not None else None
+    return Hardware(ranks, host / ranks, peak, p.headroom, 0.0), inst
+
+
+def model_spec(project, entry, default_mfu: float, cpu: bool) -> ModelSpec:
+    mp, t, pc = entry.plan, entry.training, project.plan
+    shape = ModelShape.from_arch(entry.model, model_vocab(entry.model, entry.data.tokenizer))
+    precision = "fp32" if t.precision == "fp32" or (t.precision == "auto" and cpu) else "bf16"
+    tokens = mp.tokens or t.max_steps * t.global_batch * entry.model.seq_len
+    return ModelSpec(
+        name=entry.name, shape=shape, tokens=tokens, global_batch=t.global_batch, micro_batch=t.micro_batch,
+        tp=mp.tp or entry.parallelism.tp, pp=mp.pp or entry.parallelism.pp,
+        zero_stage=mp.zero_stage if mp.zero_stage is not None else pc.zero_stage,
+        recompute=mp.recompute or pc.recompute,
+        sequence_parallel=mp.sequence_parallel if mp.sequence_parallel is not None else pc.sequence_parallel,
+        flash_attention=pc.flash_attention and not cpu, precision=precision,
+        bf16_weights=pc.bf16_weights, mfu=mp.assumed_mfu or pc.assumed_mfu or default_mfu,
+        fixed_nodes=mp.nodes, deadline_days=mp.deadline_days,
+    )
+
+
+def make_plan(project, calibration=None) -> Plan:
+    """Plan a project (see the module docstring). ``calibration`` (from :func:`calibrate`) supplies the
+    per-worker FLOP/s and efficiency for CPU-only projects."""
+    c, p = project.cluster, project.plan
+    hw, inst = _hardware(project, calibration)
+    cpu = c.gpus_per_node == 0
+    default_mfu = (calibration.efficiency if (cpu and calibration is not None) else (inst.assumed_mfu if inst else 0.40))
+    specs = [model_spec(project, e, default_mfu, cpu) for e in project.models]
+    problems: list[str] = []
+    if p.cluster_nodes is not None:
+        mode, total_nodes = "concurrent", p.cluster_nodes
+        unit_gpus = 1 if p.node_sharing else hw.gpus_per_node
+        alloc = allocate(specs, hw, total_nodes * hw.gpus_per_node // unit_gpus, unit_gpus)
+        problems += alloc.problems
+    else:
+        mode = "sequential"
+        evals, infeasible = {}, {}
+        for s in specs:
+            ev = evaluate(s, hw, (s.fixed_nodes or c.nodes) * hw.gpus_per_node)
+            (evals.__setitem__(s.name, ev) if ev.ok else infeasible.__setitem__(s.name, ev.reasons))
+        total_nodes = max(s.fixed_nodes or c.nodes for s in specs)
+        unit_gpus = hw.gpus_per_node
+        alloc = Allocation({n: ev.gpus // unit_gpus for n, ev in evals.items()}, evals, infeasible, [], 0)
+    price = inst.price if inst else None
+    models = [_model_plan(s, alloc, hw, price.per_hour if price else None) for s in specs]
+    days = [m.days for m in models if m.days is not None]
+    makespan = (max(days) if mode == "concurrent" else sum(days)) if days else None
+    per_node = price.per_hour if price else None
+    totals = ClusterTotals(
+        mode=mode, instance_type=c.instance_type, gpu_model=inst.gpu_model if inst else None, nodes=total_nodes,
+        gpus_per_node=c.gpus_per_node, ranks_per_node=c.ranks_per_node, gpus=total_nodes * c.gpus_per_node,
+        vcpus=inst.vcpus * total_nodes if inst else None, memory_gib=inst.memory_gib * total_nodes if inst else None,
+        gpu_memory_gib=inst.gpu_memory_gib if inst else None,
+        efa_gbps_per_node=inst.network_gbps if inst and inst.efa_adapters else None,
+        price_per_hour=per_node, price_region=price.region if price else None, price_date=price.date if price else None,
+        price_source=price.source if price else None,
+        cost_per_hour=per_node * total_nodes if per_node is not None else None,
+        idle_nodes=alloc.idle_units * unit_gpus / hw.gpus_per_node if mode == "concurrent" else 0,
+        days=makespan, cost_usd=per_node * total_nodes * makespan * 24 if (per_node and makespan is not None) else None,
+    )
+    if c.gpus_per_node > 0 and inst is None:
+        problems.append("cluster.instance_type is not set: no GPU memory, peak or price to plan with; set e.g. cluster.instance_type: p5e.48xlarge")
+    return Plan(project.name, totals, models, problems, _assumptions(project, hw, inst, default_mfu, calibration))
+
+
+def _model_plan(spec: ModelSpec, alloc: Allocation, hw: Hardware, price: float | None) -> ModelPlan:
+    ev: Evaluation | None = alloc.evaluations.get(spec.name)
+    reasons = alloc.infeasible.get(spec.name, [])
+    shape = spec.shape
+    tokens_per_step = spec.global_batch * shape.seq_len
+    m = ModelPlan(
+        name=spec.name, params=shape.total_params(), non_embedding_params=shape.non_embedding_params(),
+        flops_per_token=shape.flops_per_token(), tokens=spec.tokens, steps=math.ceil(spec.tokens / tokens_per_step),
+        total_flops=spec.total_flops, tp=spec.tp, pp=spec.pp, dp=None, micro_batch=spec.micro_batch,
+        global_batch=spec.global_batch, zero_stage=spec.zero_stage, recompute=spec.recompute, mfu=spec.mfu,
+        nodes=None, gpus=None, fixed=spec.fixed_nodes is not None, memory=None, memory_budget_bytes=None,
+        step_time_s=None, days=None, gpu_hours=None, cost_usd=None, reasons=list(reasons),
+    )
+    if ev is None:
+        return m
+    m.gpus, m.nodes = ev.gpus, ev.gpus / hw.gpus_per_node
+    m.dp = ev.layout.dp if ev.layout else None
+    if ev.memory is not None:
+        mem = ev.memory
+        m.memory = {"weights": mem.weights_bytes, "grads": mem.grads_bytes, "optimizer": mem.optimizer_bytes,
+                    "activations": mem.activations_bytes, "buffers": mem.buffers_bytes,
+                    "framework": mem.framework_bytes, "total": mem.total_bytes, "stage": mem.stage}
+    m.memory_budget_bytes = ev.budget_bytes
+    if ev.seconds is not None:
+        m.step_time_s, m.days = ev.step_seconds, ev.seconds / DAY
+        m.gpu_hours = ev.seconds / 3600 * ev.gpus
+        if price is not None and hw.gpus_per_node:
+            m.cost_usd = m.gpu_hours / hw.gpus_per_node * price
+    return m
+
+
+def _assumptions(project, hw: Hardware, inst: Instance | None, mfu: float, calibration) -> list[str]:
+    p = project.plan
+    out = []
+    if calibration is None and project.cluster.gpus_per_node == 0:
+        out.append("CPU workers have no data-sheet peak: run `clustertrain plan --calibrate` to measure this machine and estimate times; "
+                   "memory is checked against host RAM / workers")
+    if calibration is not None and project.cluster.gpus_per_node == 0:
+        out.append(f"CPU workers: {calibration.flops_per_worker / 1e9:.1f} GFLOP/s fp32 matmul per worker measured here, "
+                   f"efficiency {calibration.efficiency:.2f} of it (calibrated)")
+    elif inst is not None:
+        out.append(f"{inst.gpu_model}: {inst.peak_bf16_tflops:g} TFLOP/s dense bf16 peak, MFU {mfu:.0%} "
+                   f"({'plan.assumed_mfu' if p.assumed_mfu else 'catalog default'})")
+    out.append("FLOPs per token: 6 x non-embedding parameters + 6 x layers x heads x head_dim x seq_len (the trainer's MFU formula)")
+    if hw.gpu_memory_gib is not None and project.cluster.gpus_per_node:
+        out.append(f"memory: {p.headroom:.0%} of each GPU kept free; {p.framework_gib:g} GiB per GPU for CUDA context/NCCL buffers; "
+                   f"{'flash' if p.flash_attention else 'materialised'} attention; bf16 weights: {p.bf16_weights}")
+    if inst is not None and inst.price is not None:
+        pr = inst.price
+        out.append(f"price: ${pr.per_hour:,.2f}/h per {inst.name}, {pr.kind}, {pr.region}, taken {pr.date}"
+                   + (f" ({pr.source})" if pr.source else "") + "; prices drift — override with plan.price")
+    return out

@@ -1,0 +1,163 @@
+"""``render_plan(plan, format)``: a Plan as a rich table, JSON or Markdown (a string in each case).
+
+JSON format (``version: 1``): ``{"version", "project", "feasible", "cluster": ClusterTotals fields,
+"models": [ModelPlan fields + "feasible"], "problems": [...], "assumptions": [...]}``; bytes are
+integers, times in seconds/days, money in USD.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+from typing import Literal
+
+from clustertrain.plan.plan import ModelPlan, Plan
+
+Format = Literal["table", "json", "markdown"]
+FORMATS = ("table", "json", "markdown")
+GiB = 1024**3
+
+
+def render_plan(plan: Plan, format: Format = "table") -> str:
+    if format == "json":
+        return _json(plan)
+    if format == "markdown":
+        return _markdown(plan)
+    if format == "table":
+        return _table(plan)
+    raise ValueError(f"unknown format {format!r}; valid: {', '.join(FORMATS)}")
+
+
+def _json(plan: Plan) -> str:
+    models = []
+    for m in plan.models:
+        d = dataclasses.asdict(m)
+        d["feasible"] = m.feasible
+        models.append(d)
+    doc = {"version": 1, "project": plan.project, "feasible": plan.feasible, "cluster": dataclasses.asdict(plan.cluster),
+           "models": models, "problems": plan.problems, "assumptions": plan.assumptions}
+    return json.dumps(doc, indent=2)
+
+
+def _num(x: float | None, fmt: str = ",.0f", none: str = "-") -> str:
+    return none if x is None else format(x, fmt)
+
+
+def _memory_text(gib: float | None) -> str:
+    if gib is None:
+        return "-"
+    return f"{gib / 1024:,.0f} TiB ({gib:,.0f} GiB)" if gib >= 10 * 1024 else f"{gib:,.0f} GiB"
+
+
+def cluster_lines(plan: Plan) -> list[tuple[str, str]]:
+    c = plan.cluster
+    rows = [
+        ("instance", f"{c.instance_type or '(not set)'} x {c.nodes} node(s)" + (f" ({c.gpu_model})" if c.gpu_model else "")),
+        ("GPUs", f"{c.gpus:,}" + (f" ({c.gpus_per_node} per node, {c.gpu_memory_gib:g} GiB each)" if c.gpu_memory_gib else "")
+         if c.gpus_per_node else f"none: {c.ranks_per_node} CPU worker(s) per node (gloo)"),
+        ("vCPUs", _num(c.vcpus)),
+        ("memory", _memory_text(c.memory_gib)),
+        ("price", f"${c.cost_per_hour:,.2f}/h (${c.price_per_hour:,.2f}/h per node, {c.price_region}, {c.price_date})"
+         if c.cost_per_hour is not None else "-"),
+        ("mode", "models train at the same time" if c.mode == "concurrent" else "models train one after another"),
+    ]
+    if c.mode == "concurrent":
+        rows.append(("idle nodes", f"{c.idle_nodes:g}"))
+    if c.days is not None:
+        cost = f", ${c.cost_usd:,.0f} for the cluster" if c.cost_usd is not None else ""
+        weeks = f" ({c.days / 7:.1f} weeks)" if c.days >= 7 else ""
+        rows.append(("duration", f"{duration(c.days)}{weeks} until the last model finishes{cost}"))
+    return rows
+
+
+def _allocation_summary(plan: Plan) -> str:
+    counts: dict[float, int] = {}
+    for m in plan.models:
+        if m.nodes is not None:
+            counts[m.nodes] = counts.get(m.nodes, 0) + 1
+    return " + ".join(f"{n} x {nodes:g}" for nodes, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+MODEL_COLUMNS = ("model", "params", "tokens", "nodes", "GPUs", "tp/pp/dp", "zero", "GiB/GPU", "fits", "step", "time", "GPU-h", "cost")
+
+
+def duration(days: float | None) -> str:
+    if days is None:
+        return "-"
+    if days >= 1:
+        return f"{days:.1f} d"
+    if days * 24 >= 1:
+        return f"{days * 24:.1f} h"
+    return f"{days * 1440:.1f} min"
+
+
+def model_row(m: ModelPlan) -> list[str]:
+    mem = m.memory or {}
+    total = mem.get("total")
+    fits = "-"
+    if total is not None and m.memory_budget_bytes:
+        margin = (m.memory_budget_bytes - total) / GiB
+        fits = f"yes (+{margin:.1f})" if margin >= 0 else f"NO ({margin:.1f})"
+    return [
+        m.name, f"{m.params / 1e9:.2f}B" if m.params >= 1e8 else f"{m.params / 1e6:.2f}M",
+        f"{m.tokens / 1e9:,.1f}B" if m.tokens >= 1e8 else f"{m.tokens:,}",
+        "-" if m.nodes is None else f"{m.nodes:g}" + (" (fixed)" if m.fixed else ""), _num(m.gpus),
+        f"{m.tp}/{m.pp}/{m.dp if m.dp is not None else '-'}", str(m.zero_stage),
+        "-" if total is None else f"{total / GiB:.1f}", fits,
+        "-" if m.step_time_s is None else f"{m.step_time_s:.2f}s", duration(m.days), _num(m.gpu_hours, ",.0f" if (m.gpu_hours or 0) >= 10 else ".2f"),
+        "-" if m.cost_usd is None else f"${m.cost_usd:,.0f}",
+    ]
+
+
+def _verdict(plan: Plan) -> list[str]:
+    out = []
+    for p in plan.problems:
+        out.append(f"problem: {p}")
+    for m in plan.models:
+        for r in m.reasons:
+            out.append(f"infeasible: {m.name}: {r}")
+    return out
+
+
+def _table(plan: Plan) -> str:
+    from rich.console import Console
+    from rich.table import Table
+
+    buf = io.StringIO()
+    console = Console(file=buf, width=160, highlight=False, color_system=None, soft_wrap=True)
+    console.print(f"plan for project {plan.project}")
+    cluster = Table(show_header=False, box=None, pad_edge=False)
+    for k, v in cluster_lines(plan):
+        cluster.add_row(k, v)
+    console.print(cluster)
+    models = Table(*MODEL_COLUMNS, title="models")
+    for m in plan.models:
+        models.add_row(*model_row(m))
+    console.print(models)
+    summary = _allocation_summary(plan)
+    if summary:
+        console.print(f"allocation: {summary} nodes")
+    for line in _verdict(plan):
+        console.print(line)
+    console.print("assumptions:")
+    for a in plan.assumptions:
+        console.print(f"  - {a}")
+    console.print("feasible" if plan.feasible else "NOT feasible")
+    return buf.getvalue()
+
+
+def _markdown(plan: Plan) -> str:
+    lines = [f"# Plan: {plan.project}", "", "| | |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in cluster_lines(plan)]
+    lines += ["", "| " + " | ".join(MODEL_COLUMNS) + " |", "|" + "---|" * len(MODEL_COLUMNS)]
+    lines += ["| " + " | ".join(model_row(m)) + " |" for m in plan.models]
+    summary = _allocation_summary(plan)
+    if summary:
+        lines += ["", f"Allocation: {summary} nodes"]
+    verdict = _verdict(plan)
+    if verdict:
+        lines += [""] + [f"- {v}" for v in verdict]
+    lines += ["", "Assumptions:", ""] + [f"- {a}" for a in plan.assumptions]
+    lines += ["", "**feasible**" if plan.feasible else "**NOT feasible**", ""]
+    return "\n".join(lines)

@@ -1,0 +1,102 @@
+"""Feasibility reasons and the allocation of nodes across models (plain specs: tp/pp beyond what the
+project validator accepts today are exercised here directly)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from clustertrain.plan.allocate import Hardware, ModelSpec, allocate, evaluate
+from clustertrain.plan.shape import ModelShape
+
+H200 = Hardware(gpus_per_node=8, gpu_memory_gib=140.4, peak_flops=989e12, headroom=0.10, framework_gib=3.0)
+H100 = replace(H200, gpu_memory_gib=79.6)
+SMALL = ModelShape(layers=32, hidden=4096, heads=32, seq_len=4096, vocab=32000, ffn_dim=16384)
+LARGE = ModelShape(layers=40, hidden=5120, heads=40, seq_len=4096, vocab=32000, ffn_dim=20480)
+
+
+def spec(name="m", shape=SMALL, **kw) -> ModelSpec:
+    base = dict(tokens=700_000_000_000, global_batch=1232, micro_batch=1, zero_stage=1)
+    base.update(kw)
+    return ModelSpec(name=name, shape=shape, **base)
+
+
+def test_tp_must_divide_heads_and_pp_layers():
+    ev = evaluate(spec(shape=replace(SMALL, heads=12, hidden=4104), tp=8, pp=5, global_batch=64), H200, 80)
+    assert ev.reasons[0].startswith("tp=8 does not divide heads=12; valid tp: 1, 2, 3, 4, 6, 12")
+    assert ev.reasons[1].startswith("pp=5 does not divide layers=32; valid pp: 1, 2, 4, 8, 16, 32")
+
+
+def test_world_size_and_global_batch_divisibility():
+    ev = evaluate(spec(tp=8, pp=2), H200, 8)
+    assert ev.reasons == ["world size 1 node(s) x 8 = 8 GPUs is not divisible by tp x pp = 16"]
+    ev = evaluate(spec(global_batch=1000), H200, 88)
+    assert ev.reasons == ["global_batch 1000 is not a multiple of micro_batch x dp = 1 x 88 on 11 node(s) x 8 = 88 GPUs"]
+    ev = evaluate(spec(tp=8), H200, 88)
+    assert ev.ok and ev.layout.dp == 11 and ev.layout.grad_accum == 112
+
+
+def test_does_not_fit_says_by_how_much_and_what_to_try():
+    ev = evaluate(spec(shape=LARGE, zero_stage=0), H100, 112)
+    assert len(ev.reasons) == 1
+    msg = ev.reasons[0]
+    assert msg.startswith("does not fit: needs ") and "GiB per GPU (pipeline stage 0) but 71.6 GiB is usable (79.6 GiB less 10% headroom)" in msg
+    assert "try zero_stage 1, recompute: selective, tp 2" in msg
+    needed = float(msg.split("needs ")[1].split(" GiB")[0])
+    assert needed * 1024**3 == round(ev.memory.total_bytes / 1024**3, 1) * 1024**3
+    assert evaluate(spec(shape=LARGE, zero_stage=3, recompute="full"), H100, 112).ok
+
+
+def test_time_is_flops_over_gpus_peak_and_mfu():
+    ev = evaluate(spec(mfu=0.4), H200, 88)
+    flops = SMALL.flops_per_token() * 700e9
+    assert ev.seconds == flops / (88 * 989e12 * 0.4)
+    assert ev.step_seconds == SMALL.flops_per_token() * 1232 * 4096 / (88 * 989e12 * 0.4)
+
+
+def test_seed_inputs_give_six_on_eleven_and_one_on_fourteen():
+    specs = [spec(f"model-{i}") for i in range(1, 7)] + [spec("model-7", LARGE, tokens=460_000_000_000)]
+    alloc = allocate(specs, H200, total_units=80, unit_gpus=8)
+    assert alloc.units == {**{f"model-{i}": 11 for i in range(1, 7)}, "model-7": 14}
+    assert alloc.idle_units == 0 and not alloc.infeasible and not alloc.problems
+
+
+def test_equal_models_split_evenly_and_leftovers_go_to_the_slowest():
+    specs = [spec(f"m{i}", global_batch=1024) for i in range(4)]
+    alloc = allocate(specs, H200, total_units=16, unit_gpus=8)
+    assert sorted(alloc.units.values()) == [4, 4, 4, 4]
+    # 3x the FLOPs on 10 nodes: max(3/b, 1/s) is least at b=7, s=3 (every count divides 8 x 2520)
+    pair = [spec("big", tokens=2_100_000_000_000, global_batch=8 * 2520), spec("small", global_batch=8 * 2520)]
+    assert allocate(pair, H200, total_units=10, unit_gpus=8).units == {"big": 7, "small": 3}
+    # only 1, 2, 4, 8 divide 1024/8: the makespan is set by big on 4; the 2 free nodes then lift small to 4
+    pair = [spec("big", tokens=2_100_000_000_000, global_batch=1024), spec("small", global_batch=1024)]
+    alloc = allocate(pair, H200, total_units=8, unit_gpus=8)
+    assert alloc.units == {"big": 4, "small": 4} and alloc.idle_units == 0
+
+
+def test_fixed_nodes_are_honoured_and_more_than_the_cluster_is_infeasible():
+    specs = [spec("fixed", fixed_nodes=22), spec("free")]
+    alloc = allocate(specs, H200, total_units=44, unit_gpus=8)
+    assert alloc.units["fixed"] == 22 and alloc.units["free"] == 22
+    alloc = allocate([spec("huge", fixed_nodes=90)], H200, total_units=80, unit_gpus=8)
+    assert alloc.infeasible == {"huge": ["plan.nodes=90 is more nodes than the cluster has (80)"]}
+
+
+def test_too_small_cluster_is_a_plan_problem():
+    specs = [spec(f"m{i}", fixed_nodes=11) for i in range(3)]
+    alloc = allocate(specs, H200, total_units=30, unit_gpus=8)
+    assert alloc.problems == [
+        "the feasible models need at least 33 nodes together (m0 11, m1 11, m2 11) but the cluster has 30"
+    ]
+
+
+def test_deadline_limits_the_allocation():
+    ok = allocate([spec("d", deadline_days=10.0)], H200, total_units=22, unit_gpus=8)
+    assert ok.units == {"d": 22}
+    late = allocate([spec("d", deadline_days=1.0)], H200, total_units=22, unit_gpus=8)
+    assert "over the deadline of 1 days" in late.infeasible["d"][0]
+
+
+def test_node_sharing_allocates_gpus():
+    specs = [spec("a", global_batch=12), spec("b", global_batch=4, tokens=350_000_000_000)]
+    alloc = allocate(specs, H200, total_units=16, unit_gpus=1)
+    assert alloc.units["a"] == 12 and alloc.units["b"] == 4

@@ -1,0 +1,129 @@
+"""make_plan / render_plan on the project files, the instance catalog, and the `plan` command's exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from clustertrain.errors import ConfigError
+from clustertrain.plan.catalog import find_instance, load_catalog
+from clustertrain.plan.config import InstanceConfig, PlanConfig, PriceConfig
+from clustertrain.plan.plan import make_plan
+from clustertrain.plan.render import render_plan
+from clustertrain.project import load_project
+
+ROOT = Path(__file__).resolve().parents[3]
+P5E = ROOT / "examples" / "p5e-80x7.yaml"
+QUICKSTART = ROOT / "examples" / "quickstart.yaml"
+
+
+@pytest.fixture(scope="module")
+def seed_plan():
+    return make_plan(load_project(P5E))
+
+
+def test_p5e_example_reproduces_the_seed(seed_plan):
+    c = seed_plan.cluster
+    assert (c.nodes, c.gpus, c.vcpus, c.memory_gib) == (80, 640, 15_360, 80 * 2048)
+    assert c.cost_per_hour == pytest.approx(2768.0)
+    assert seed_plan.feasible
+    assert [m.nodes for m in seed_plan.models] == [11] * 6 + [14]
+    assert all(7 <= m.days <= 14 for m in seed_plan.models)       # "1-2 weeks each"
+    text = render_plan(seed_plan, "table")
+    for needle in ("640", "15,360", "160 TiB", "$2,768.00/h", "allocation: 6 x 11 + 1 x 14 nodes", "feasible"):
+        assert needle in text, needle
+
+
+def test_json_and_markdown_carry_the_same_numbers(seed_plan):
+    doc = json.loads(render_plan(seed_plan, "json"))
+    assert doc["version"] == 1 and doc["feasible"] is True
+    assert doc["cluster"]["gpus"] == 640 and doc["cluster"]["price_region"] == "ap-southeast-3"
+    assert [m["nodes"] for m in doc["models"]] == [11] * 6 + [14]
+    m7 = doc["models"][6]
+    assert m7["memory"]["total"] <= m7["memory_budget_bytes"]
+    assert m7["total_flops"] == pytest.approx(m7["flops_per_token"] * 460e9)
+    md = render_plan(seed_plan, "markdown")
+    assert "| vCPUs | 15,360 |" in md and "Allocation: 6 x 11 + 1 x 14 nodes" in md
+
+
+def test_price_comes_from_the_catalog_when_not_overridden():
+    project = load_project(P5E, ["plan.price=null"])
+    plan = make_plan(project)
+    assert plan.cluster.cost_per_hour == pytest.approx(80 * 34.60)  # catalog entry holds the seed's quote
+    p5 = make_plan(load_project(P5E, ["plan.price=null", "cluster.instance_type=p5.48xlarge"]))
+    assert p5.cluster.price_per_hour == load_catalog()["p5.48xlarge"].price.per_hour
+    assert not p5.feasible                                          # 12.8B with ZeRO-1 does not fit 80 GB
+    assert p5.models[6].reasons[0].startswith("does not fit: needs ")
+
+
+def test_catalog_has_the_required_types_with_every_field():
+    cat = load_catalog()
+    for name in ("p5.48xlarge", "p5e.48xlarge", "p5en.48xlarge", "p4d.24xlarge", "p4de.24xlarge", "g5.48xlarge", "g6e.48xlarge"):
+        inst = cat[name]
+        assert inst.gpus >= 4 and inst.peak_bf16_tflops > 0 and inst.vcpus > 0 and inst.memory_gib > 0
+        assert inst.price.per_hour > 0 and inst.price.region and inst.price.date
+
+
+def test_catalog_overrides_merge_and_new_types_need_hardware():
+    plan = PlanConfig(instances={"p5.48xlarge": InstanceConfig(assumed_mfu=0.5)},
+                      price=PriceConfig(per_hour=40.0, region="us-west-2", date="2026-10-01"))
+    inst = find_instance(load_catalog(plan), "p5.48xlarge", plan)
+    assert inst.assumed_mfu == 0.5 and inst.gpus == 8 and inst.price.per_hour == 40.0
+    with pytest.raises(ConfigError, match=r"plan.instances.x1.big: not in the catalog, so it needs gpus, gpu_model"):
+        load_catalog(PlanConfig(instances={"x1.big": InstanceConfig(vcpus=4)}))
+    with pytest.raises(ConfigError, match=r"cluster.instance_type: 'p9.huge' is not in the instance catalog; known: g5.12xlarge"):
+        find_instance(load_catalog(), "p9.huge")
+
+
+def test_quickstart_plans_cpu_workers_without_prices():
+    plan = make_plan(load_project(QUICKSTART))
+    m = plan.models[0]
+    assert plan.feasible and m.gpus == 2 and m.dp == 2 and m.days is None
+    assert m.tokens == 200 * 16 * 128
+    assert m.memory["weights"] == 4 * m.params                     # fp32 on CPU
+
+
+def _cli():
+    from clustertrain.cli.plan import plan_command
+
+    app = typer.Typer()
+    app.command("plan")(plan_command)
+    app.command("other")(lambda: None)  # keep `plan` a sub-command as in the real app
+    return app
+
+
+def test_cli_exit_codes():
+    runner = CliRunner()
+    ok = runner.invoke(_cli(), ["plan", str(P5E), "--format", "json"])
+    assert ok.exit_code == 0, ok.output
+    assert json.loads(ok.output)["cluster"]["vcpus"] == 15_360
+    tight = runner.invoke(_cli(), ["plan", str(P5E), "--set", "models.model-7.plan.deadline_days=5"])
+    assert tight.exit_code == 1           # model-7 alone needs 77 nodes to finish in 5 days
+    assert "problem: the feasible models need at least 83 nodes together" in tight.output and "model-7 77)" in tight.output
+    late = runner.invoke(_cli(), ["plan", str(P5E), "--set", "models.model-7.plan.deadline_days=1"])
+    assert late.exit_code == 1
+    assert "infeasible: model-7: takes " in late.output and "over the deadline of 1 days" in late.output
+    tp = runner.invoke(_cli(), ["plan", str(P5E), "--set", "models.model-7.plan.tp=16"])
+    assert tp.exit_code == 1 and "infeasible: model-7: tp=16 does not divide heads=40" in tp.output
+    wrong = runner.invoke(_cli(), ["plan", str(P5E), "--format", "xml"])
+    assert isinstance(wrong.exception, ConfigError) and "valid: table, json, markdown" in str(wrong.exception)
+    missing = runner.invoke(_cli(), ["plan", "no-such.yaml"])
+    assert isinstance(missing.exception, ConfigError)            # clustertrain.cli.main turns it into exit 2
+
+
+@pytest.mark.slow
+def test_calibrate_measures_and_predicts_a_cpu_step():
+    from clustertrain.plan.calibrate import calibrate
+
+    project = load_project(QUICKSTART)
+    cal = calibrate(project, side_by_side=False)
+    assert cal.threads >= 1 and cal.flops_per_worker > 1e8
+    assert cal.predicted_step_s == pytest.approx(sum(cal.parts_s.values()))
+    assert {"gemm", "attention", "optimizer", "allreduce"} <= set(cal.parts_s)
+    assert 0 < cal.efficiency < 1
+    plan = make_plan(project, cal)
+    assert plan.models[0].step_time_s == pytest.approx(cal.predicted_step_s, rel=1e-6)

@@ -1,6 +1,16 @@
-"""Data stage: tokenizers, prepared datasets and the GPT sample index."""
+"""Data stage: tokenizers, Megatron indexed datasets (read/write/merge), preprocessing with
+manifests, the GPT sample index, validation, and staging a project's data for a run.
 
-from clustertrain.data.packed import PackedDataset, SampleIndex, open_packed, prepare_packed
-from clustertrain.data.tokenizers import ByteTokenizer, Tokenizer, load_tokenizer
+Import heavy pieces from their modules; the names below are the public API."""
 
-__all__ = ["ByteTokenizer", "PackedDataset", "SampleIndex", "Tokenizer", "load_tokenizer", "open_packed", "prepare_packed"]
+from clustertrain.data.indexed import IndexedDataset, IndexedWriter, merge_datasets, token_dtype
+from clustertrain.data.preprocess import PreparedDataset, prepare_dataset, read_manifest
+from clustertrain.data.sample_index import GPTSamples
+from clustertrain.data.tokenizers import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer, train_tokenizer
+from clustertrain.data.validate import DatasetReport, validate_dataset
+
+__all__ = [
+    "ByteTokenizer", "DatasetReport", "GPTSamples", "HFTokenizer", "IndexedDataset", "IndexedWriter", "PreparedDataset",
+    "Tokenizer", "load_tokenizer", "merge_datasets", "prepare_dataset", "read_manifest", "token_dtype", "train_tokenizer",
+    "validate_dataset",
+]

@@ -1,0 +1,91 @@
+"""`clustertrain data`: tokenize corpora into Megatron indexed datasets, validate them, train tokenizers."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+
+from clustertrain.data.preprocess import prepare_dataset
+from clustertrain.data.tokenizers import train_tokenizer
+from clustertrain.data.validate import validate_dataset
+from clustertrain.errors import ClusterTrainError
+
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    help="Prepare tokenized datasets (Megatron .bin/.idx + manifest), validate them, train BPE tokenizers.",
+)
+out = Console(highlight=False, soft_wrap=True)
+
+
+@contextlib.contextmanager
+def _user_errors() -> Iterator[None]:
+    try:
+        yield
+    except ClusterTrainError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise typer.Exit(err.exit_code) from None
+
+
+@app.command("prepare")
+def prepare_cmd(
+    inputs: List[str] = typer.Option(..., "--input", "-i", help="Input files or globs (.txt, .jsonl, .jsonl.gz); repeat for several."),
+    output_prefix: Path = typer.Option(..., "--output-prefix", "-o", help="Writes PREFIX.bin, PREFIX.idx, PREFIX.manifest.json."),
+    json_key: str = typer.Option("text", "--json-key", help="JSONL key holding each document's text."),
+    tokenizer: str = typer.Option("byte", "--tokenizer", help="'byte', hf:PATH or a path to a tokenizer.json."),
+    workers: int = typer.Option(1, "--workers", "-w", min=1, help="Tokenizer processes."),
+    append_eod: bool = typer.Option(True, "--append-eod/--no-append-eod", help="End every document with the eod token."),
+    skip_bad_lines: bool = typer.Option(False, "--skip-bad-lines", help="Skip (and count) bad JSONL lines instead of stopping."),
+) -> None:
+    """Tokenize INPUTS into a Megatron indexed dataset (does nothing when it is already up to date)."""
+    with _user_errors():
+        result = prepare_dataset(inputs, output_prefix, tokenizer, json_key=json_key, workers=workers,
+                                 append_eod=append_eod, skip_bad_lines=skip_bad_lines, console=Console(stderr=True))
+    m = result.manifest
+    state = "up to date, nothing done" if result.reused else "written"
+    out.print(f"{output_prefix}: {state} — {m['documents']:,} documents, {m['tokens']:,} tokens ({m['dtype']}, "
+              f"tokenizer {m['tokenizer']})")
+    if result.skipped_lines:
+        out.print(f"skipped {result.skipped_lines:,} bad lines; first: {m['first_skipped'][0]}")
+
+
+@app.command("validate")
+def validate_cmd(
+    prefix: str = typer.Argument(..., help="Dataset prefix (PREFIX.idx / PREFIX.bin)."),
+    full: bool = typer.Option(False, "--full", help="Check every token and hash the whole .bin, however large."),
+    vocab_size: Optional[int] = typer.Option(None, "--vocab-size", help="Token ids must be below this (default: the manifest's)."),
+) -> None:
+    """Check header, index, data size, token range and manifest checksums; exit 2 on any problem."""
+    with _user_errors():
+        report = validate_dataset(prefix, vocab_size=vocab_size, full=full)
+    for note in report.notes:
+        out.print(f"note: {note}")
+    if not report.ok:
+        for problem in report.problems:
+            print(f"error: {prefix}: {problem}", file=sys.stderr)
+        raise typer.Exit(2)
+    out.print(f"{prefix}: ok — {report.documents:,} documents, {report.sequences:,} sequences, {report.tokens:,} tokens")
+
+
+@app.command("train-tokenizer")
+def train_tokenizer_cmd(
+    inputs: List[str] = typer.Option(..., "--input", "-i", help="Training text: files or globs (.txt, .jsonl, .jsonl.gz)."),
+    vocab_size: int = typer.Option(..., "--vocab-size", help="Vocabulary size, specials included (>= 258)."),
+    output: Path = typer.Option(..., "--output", "-o", help="Where to write tokenizer.json."),
+    json_key: str = typer.Option("text", "--json-key", help="JSONL key holding each document's text."),
+) -> None:
+    """Train a byte-level BPE tokenizer (eod = <|endoftext|>) and write tokenizer.json."""
+    with _user_errors():
+        tok = train_tokenizer(inputs, vocab_size, output, json_key=json_key)
+    out.print(f"{output}: {tok.vocab_size:,} tokens, eod {tok.eod}, identity {tok.identity}")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,392 @@
+"""Tokenize text/JSONL corpora into a Megatron indexed dataset ``P.bin`` + ``P.idx`` + ``P.manifest.json``.
+
+Inputs (files or globs; ``.gz`` is gunzipped, ``.zst`` needs the ``zstandard`` module):
+
+* ``*.jsonl`` / ``*.json`` (optionally ``.gz``/``.zst``): one document per line, the text under
+  ``json_key``. Blank lines are ignored.
+* anything else (``*.txt``, ...): **one document per file** — the whole file is one document, so a
+  book or a source file stays contiguous (split it yourself if you want paragraphs).
+
+Each document becomes one sequence; with ``append_eod`` the tokenizer's end-of-document token
+closes it. As in Megatron's ``tools/preprocess_data.py``, a document that tokenizes to nothing
+gets no sequence and no eod (the document index still counts it).
+
+Workers: the main process cuts each file into ~256 KiB blocks of whole lines and hands them to a
+``multiprocessing`` pool (a bounded window of blocks in flight, results taken in order, so the
+output is identical for any worker count). Workers parse, encode and return one token array per
+block; the main process appends it to the streaming :class:`~clustertrain.data.indexed.IndexedWriter`.
+
+Bad input — a line that is not JSON, lacks the key, is not a string, bytes that are not UTF-8,
+no documents at all — raises a one-line :class:`DataError` naming the file and line (or byte
+offset). With ``skip_bad_lines`` bad lines (or undecodable text files) are skipped and counted.
+
+``P.manifest.json`` (written last; the dataset counts as complete only when it exists)::
+
+    {"format": "clustertrain-indexed", "version": 1,
+     "tokenizer": "<identity>", "vocab_size": int, "eod": int, "dtype": "uint16"|"int32",
+     "json_key": str, "append_eod": bool,
+     "documents": int, "sequences": int, "tokens": int, "skipped_lines": int,
+     "bin": {"bytes": int, "sha256": hex}, "idx": {"bytes": int, "sha256": hex},
+     "sources": [{"path": absolute path, "bytes": int, "mtime_ns": int}, ...]}
+
+Re-running with the same sources (path, size, mtime), tokenizer and options while ``.bin`` and
+``.idx`` still have the recorded sizes does nothing.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import hashlib
+import io
+import json
+import multiprocessing as mp
+import os
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Iterable, Iterator
+
+import numpy as np
+
+from clustertrain.data.indexed import IndexedWriter, bin_path, idx_path, token_dtype
+from clustertrain.data.tokenizers import Tokenizer, encode_many, load_tokenizer
+from clustertrain.errors import DataError
+
+FORMAT = "clustertrain-indexed"
+VERSION = 1
+BLOCK = 1 << 18  # small enough to balance slow (BPE) tokenizers across workers
+JSON_SUFFIXES = (".jsonl", ".json")
+
+
+def manifest_path(prefix: str | os.PathLike) -> Path:
+    return Path(f"{os.fspath(prefix)}.manifest.json")
+
+
+def read_manifest(prefix: str | os.PathLike) -> dict | None:
+    path = manifest_path(prefix)
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: not valid JSON ({e}); delete it and re-run prepare") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise DataError(f"{path}: not a {FORMAT} manifest; delete it and re-run prepare")
+    return data
+
+
+def resolve_inputs(inputs: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Path]:
+    """Expand files and globs, in the order given (each glob sorted); DataError when one matches nothing."""
+    items = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
+    files: list[Path] = []
+    for item in items:
+        s = os.fspath(item)
+        matches = sorted(glob.glob(s, recursive=True)) if glob.has_magic(s) else [s]
+        found = [Path(m) for m in matches if Path(m).is_file()]
+        if not found:
+            raise DataError(f"--input {s}: no such file (or the glob matches no files); give .txt/.jsonl[.gz] files")
+        files.extend(found)
+    if not files:
+        raise DataError("--input: no input files given")
+    return files
+
+
+def _is_jsonl(path: Path) -> bool:
+    name = path.name
+    for comp in (".gz", ".zst"):
+        name = name.removesuffix(comp)
+    return name.endswith(JSON_SUFFIXES)
+
+
+def _open_raw(path: Path) -> tuple[IO[bytes], IO[bytes]]:
+    """(compressed file object for progress, decompressed byte stream)."""
+    raw = open(path, "rb")
+    if path.suffix == ".gz":
+        return raw, gzip.GzipFile(fileobj=raw)
+    if path.suffix == ".zst":
+        try:
+            import zstandard
+        except ImportError:
+            raw.close()
+            raise DataError(f"{path}: reading .zst needs the zstandard module; pip install zstandard or decompress the file") from None
+        return raw, zstandard.ZstdDecompressor().stream_reader(raw)
+    return raw, raw
+
+
+@dataclass(frozen=True)
+class _Block:
+    path: str
+    jsonl: bool
+    first_line: int  # 1-based line number of the first line (jsonl)
+    offset: int  # byte offset of the block in the (decompressed) file
+    data: bytes
+
+
+def _blocks(path: Path, progress) -> Iterator[_Block]:
+    jsonl = _is_jsonl(path)
+    raw, stream = _open_raw(path)
+    try:
+        with raw:
+            if not jsonl:
+                data = _read_all(stream, path)
+                progress(raw.tell())
+                yield _Block(str(path), False, 1, 0, data)
+                return
+            line, offset, rest = 1, 0, b""
+            while True:
+                chunk = _read(stream, path, BLOCK)
+                progress(raw.tell())
+                if not chunk:
+                    if rest:
+                        yield _Block(str(path), True, line, offset, rest)
+                    return
+                data = rest + chunk
+                cut = data.rfind(b"\n") + 1
+                if cut == 0:
+                    rest = data
+                    continue
+                block, rest = data[:cut], data[cut:]
+                yield _Block(str(path), True, line, offset, block)
+                line += block.count(b"\n")
+                offset += len(block)
+    finally:
+        if stream is not raw:
+            stream.close()
+
+
+def _read(stream: IO[bytes], path: Path, n: int) -> bytes:
+    try:
+        return stream.read(n)
+    except (OSError, EOFError) as e:
+        raise DataError(f"{path}: cannot decompress ({e}); the file is damaged or not {path.suffix}") from None
+
+
+def _read_all(stream: IO[bytes], path: Path) -> bytes:
+    out = io.BytesIO()
+    while chunk := _read(stream, path, BLOCK * 16):
+        out.write(chunk)
+    return out.getvalue()
+
+
+def _parse(block: _Block, json_key: str, stop_at_first: bool) -> tuple[list[str], list[str], int]:
+    """(texts, bad-line messages, bad count) of one block."""
+    hint = "; fix or remove it, or pass --skip-bad-lines"
+    if not block.jsonl:
+        try:
+            return [block.data.decode("utf-8")], [], 0
+        except UnicodeDecodeError as e:
+            return [], [f"{block.path}: not UTF-8 text at byte offset {e.start}; convert the file to UTF-8 or pass --skip-bad-lines"], 1
+    texts: list[str] = []
+    bad: list[str] = []
+    nbad = 0
+    pos = 0
+    for lineno, line in enumerate(block.data.split(b"\n")[:-1] if block.data.endswith(b"\n") else block.data.split(b"\n"),
+                                  block.first_line):
+        start, pos = pos, pos + len(line) + 1
+        if not line.strip():
+            continue
+        msg = None
+        try:
+            doc = json.loads(line.decode("utf-8"))
+            if not isinstance(doc, dict) or json_key not in doc:
+                keys = ", ".join(list(doc)[:5]) if isinstance(doc, dict) else type(doc).__name__
+                msg = f"{block.path}:{lineno}: no key {json_key!r} (found: {keys}); set --json-key to the key holding the text{hint}"
+            elif not isinstance(doc[json_key], str):
+                msg = f"{block.path}:{lineno}: {json_key!r} holds a {type(doc[json_key]).__name__}, not a string{hint}"
+            else:
+                texts.append(doc[json_key])
+        except UnicodeDecodeError as e:
+            msg = f"{block.path}:{lineno}: not UTF-8 at byte offset {block.offset + start + e.start}{hint}"
+        except ValueError as e:
+            msg = f"{block.path}:{lineno}: not valid JSON ({getattr(e, 'msg', e)}){hint}"
+        if msg is not None:
+            nbad += 1
+            if len(bad) < 5:
+                bad.append(msg)
+            if stop_at_first:
+                break
+    return texts, bad, nbad
+
+
+# ---- worker side -------------------------------------------------------------------------------
+_W: dict = {}
+
+
+def _init_worker(tokenizer: Tokenizer, json_key: str, append_eod: bool, skip: bool, in_pool: bool = False) -> None:
+    if in_pool:  # one process per core already: Hugging Face tokenizers' own thread pool would oversubscribe
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _W.update(tokenizer=tokenizer, json_key=json_key, append_eod=append_eod, skip=skip,
+              dtype=token_dtype(tokenizer.vocab_size))
+
+
+def _encode_block(block: _Block) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str], int, int]:
+    """(tokens, lengths of non-empty documents, sequences per document (0/1), bad messages, bad count, bytes)."""
+    texts, bad, nbad = _parse(block, _W["json_key"], not _W["skip"])
+    arrays = encode_many(_W["tokenizer"], texts) if texts else []
+    per_doc = np.fromiter((a.size > 0 for a in arrays), dtype=np.int64, count=len(arrays))
+    kept = [a for a in arrays if a.size]
+    dtype = _W["dtype"]
+    if not kept:
+        return np.zeros(0, dtype), np.zeros(0, np.int32), per_doc, bad, nbad, len(block.data)
+    lengths = np.fromiter((a.size for a in kept), dtype=np.int64, count=len(kept))
+    tokens = np.concatenate(kept).astype(dtype, copy=False)
+    if _W["append_eod"]:
+        tokens = np.insert(tokens, np.cumsum(lengths), np.asarray(_W["tokenizer"].eod, dtype))
+        lengths += 1
+    return tokens, lengths.astype(np.int32), per_doc, bad, nbad, len(block.data)
+
+
+# ---- main side ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PreparedDataset:
+    """Result of :func:`prepare_dataset`: the prefix, its manifest, and whether it was reused as-is."""
+
+    prefix: Path
+    manifest: dict
+    reused: bool
+
+    @property
+    def skipped_lines(self) -> int:
+        return int(self.manifest.get("skipped_lines", 0))
+
+
+def _sources(files: list[Path]) -> list[dict]:
+    return [{"path": str(f.resolve()), "bytes": f.stat().st_size, "mtime_ns": f.stat().st_mtime_ns} for f in files]
+
+
+def _settings(tokenizer: Tokenizer, json_key: str, append_eod: bool, sources: list[dict]) -> dict:
+    return {"format": FORMAT, "version": VERSION, "tokenizer": tokenizer.identity, "vocab_size": tokenizer.vocab_size,
+            "eod": tokenizer.eod, "dtype": np.dtype(token_dtype(tokenizer.vocab_size)).name,
+            "json_key": json_key, "append_eod": append_eod, "sources": sources}
+
+
+def _up_to_date(prefix: Path, settings: dict) -> dict | None:
+    try:
+        old = read_manifest(prefix)
+    except DataError:
+        return None
+    if old is None or any(old.get(k) != v for k, v in settings.items()):
+        return None
+    for path, key in ((bin_path(prefix), "bin"), (idx_path(prefix), "idx")):
+        if not path.is_file() or path.stat().st_size != old.get(key, {}).get("bytes"):
+            return None
+    return old
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _progress(console):
+    if console is None:
+        return None
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
+
+    return Progress(TextColumn("[bold]tokenizing"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                    TextColumn("{task.fields[docs]:,} documents"), TransferSpeedColumn(), TimeElapsedColumn(),
+                    console=console, transient=False)
+
+
+def prepare_dataset(inputs: str | os.PathLike | Iterable[str | os.PathLike], output_prefix: str | os.PathLike,
+                    tokenizer: str | Tokenizer = "byte", json_key: str = "text", workers: int = 1,
+                    append_eod: bool = True, skip_bad_lines: bool = False, console=None) -> PreparedDataset:
+    """Tokenize ``inputs`` into ``output_prefix``.bin/.idx/.manifest.json (see module docstring).
+
+    ``console``: a ``rich.console.Console`` to draw a progress bar (documents, MB/s) on, or None.
+    """
+    tok = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
+    if workers < 1:
+        raise DataError(f"--workers {workers}: must be at least 1")
+    files = resolve_inputs(inputs)
+    prefix = Path(output_prefix)
+    settings = _settings(tok, json_key, append_eod, _sources(files))
+    old = _up_to_date(prefix, settings)
+    if old is not None:
+        return PreparedDataset(prefix, old, reused=True)
+    manifest_path(prefix).unlink(missing_ok=True)
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    writer = IndexedWriter(prefix, token_dtype(tok.vocab_size))
+    bar = _progress(console)
+    total = sum(s["bytes"] for s in settings["sources"])
+    counts = {"documents": 0, "skipped_lines": 0}
+    first_bad: list[str] = []
+    bin_hash = hashlib.sha256()
+    pool = mp.get_context("fork" if os.name == "posix" else "spawn").Pool(
+        workers, _init_worker, (tok, json_key, append_eod, skip_bad_lines, True)) if workers > 1 else None
+    if pool is None:
+        _init_worker(tok, json_key, append_eod, skip_bad_lines)
+    try:
+        task = bar.add_task("prepare", total=total, docs=0) if bar else None
+        if bar:
+            bar.start()
+        done_bytes = [0]
+
+        def advance(pos_in_file: int) -> None:
+            if bar:
+                bar.update(task, completed=done_bytes[0] + pos_in_file, docs=counts["documents"])
+
+        def consume(result) -> None:
+            tokens, lengths, per_doc, bad, nbad, _ = result
+            if nbad:
+                if not skip_bad_lines:
+                    raise DataError(bad[0])
+                counts["skipped_lines"] += nbad
+                first_bad.extend(bad[: 5 - len(first_bad)])
+            data = tokens.tobytes()
+            bin_hash.update(data)
+            writer.add_items(tokens, lengths)
+            writer.end_documents(writer.n_sequences - len(lengths) + np.cumsum(per_doc))
+            counts["documents"] += len(per_doc)
+
+        for path, src in zip(files, settings["sources"]):
+            blocks = _blocks(path, advance)
+            if pool is None:
+                for b in blocks:
+                    consume(_encode_block(b))
+            else:
+                window: deque = deque()
+                for b in blocks:
+                    window.append(pool.apply_async(_encode_block, (b,)))
+                    if len(window) >= 3 * workers:
+                        consume(window.popleft().get())
+                while window:
+                    consume(window.popleft().get())
+            done_bytes[0] += src["bytes"]
+            advance(0)
+        if counts["documents"] == 0:
+            names = ", ".join(str(f) for f in files[:3]) + (" ..." if len(files) > 3 else "")
+            why = f" ({counts['skipped_lines']} bad lines skipped)" if counts["skipped_lines"] else ""
+            raise DataError(f"{names}: no documents found{why}; give non-empty input files")
+        writer.finalize()
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        if pool is not None:
+            pool.terminate()
+            pool.join()
+        if bar:
+            bar.stop()
+    manifest = dict(settings)
+    manifest.update(documents=counts["documents"], sequences=writer.n_sequences, tokens=writer.n_tokens,
+                    skipped_lines=counts["skipped_lines"], first_skipped=first_bad,
+                    bin={"bytes": bin_path(prefix).stat().st_size, "sha256": bin_hash.hexdigest()},
+                    idx={"bytes": idx_path(prefix).stat().st_size, "sha256": sha256_file(idx_path(prefix))})
+    tmp = Path(f"{manifest_path(prefix)}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(manifest, indent=1))
+    os.replace(tmp, manifest_path(prefix))
+    return PreparedDataset(prefix, manifest, reused=False)
+
+
+def iter_texts(path: Path, json_key: str = "text") -> Iterator[str]:
+    """The documents of one input file, in order (DataError on the first bad line)."""
+    for block in _blocks(Path(path), lambda _pos: None):
+        texts, bad, nbad = _parse(block, json_key, True)
+        if nbad:
+            raise DataError(bad[0])
+        yield from texts

@@ -140,10 +140,14 @@ def _divisor_near(n: int, k: int) -> int:
 class DataConfig(StrictModel):
     source: str = Field(
         "builtin:shakespeare",
-        description="Training text: `builtin:shakespeare` (bundled, public domain) or a path/glob of .txt/.jsonl files.",
+        description="Training data: `builtin:shakespeare` (bundled, public domain); paths/globs of raw .txt/.jsonl(.gz) files, "
+        "tokenized once into a Megatron indexed dataset below `<storage.root>/datasets/`; or the prefix of a prepared "
+        "dataset (`P` with `P.bin` and `P.idx`, from `clustertrain data prepare` or Megatron's preprocess_data.py).",
     )
-    tokenizer: str = Field("byte", description="Tokenizer: `byte` (byte-level, 256 + specials, no files needed).")
+    tokenizer: str = Field("byte", description="Tokenizer: `byte` (byte-level, 256 + specials) or a Hugging Face `tokenizer.json` path.")
     json_key: str = Field("text", description="Key holding the text in JSONL inputs.")
+    split: str = Field("100,0,0", description="train,valid,test ratio over documents (Megatron's --split); training reads the train part.")
+    workers: int = Field(2, ge=1, description="Worker processes that tokenize raw inputs.")
 
 
 class TrainingConfig(StrictModel):
@@ -296,6 +300,8 @@ def load_project(path: str | Path, overrides: list[str] | None = None) -> Projec
         src = m.data.source
         if not src.startswith("builtin:") and not Path(src).is_absolute():
             m.data.source = str(base / src)
+        if m.data.tokenizer != "byte" and not Path(m.data.tokenizer.removeprefix("hf:")).is_absolute():
+            m.data.tokenizer = str(base / m.data.tokenizer.removeprefix("hf:"))
     return project
 
 

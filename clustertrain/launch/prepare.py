@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clustertrain import __version__
-from clustertrain.data import load_tokenizer, prepare_packed
+from clustertrain.data import load_tokenizer
+from clustertrain.data.sample_index import GPTSamples
+from clustertrain.data.staging import dataset_tokens, stage_dataset
 from clustertrain.errors import ConfigError, DataError
 from clustertrain.project import ModelEntry, Project, architecture_fingerprint, dump_project
 from clustertrain.rundir import RunPaths, read_json, write_atomic
@@ -43,7 +45,7 @@ def run_dir_for(project: Project, entry: ModelEntry, run_dir: Path | None, sever
     return Path(run_dir).resolve() / entry.name if several else Path(run_dir).resolve()
 
 
-def prepare_run(project: Project, entry: ModelEntry, run_dir: Path, resume: bool = True) -> RunSpec:
+def prepare_run(project: Project, entry: ModelEntry, run_dir: Path, resume: bool = True, console=None) -> RunSpec:
     paths = RunPaths(Path(run_dir))
     fingerprint = architecture_fingerprint(project, entry)
     tokenizer = load_tokenizer(entry.data.tokenizer)
@@ -55,24 +57,26 @@ def prepare_run(project: Project, entry: ModelEntry, run_dir: Path, resume: bool
     previous = read_json(paths.run_json)
     if resume:
         check_ownership(paths.checkpoints, fingerprint, project.name, entry.name)
-    dataset = prepare_packed(entry.data.source, entry.data.tokenizer, entry.data.json_key, project.storage.root / "datasets")
+    dataset = stage_dataset(entry.data, project.storage.root / "datasets", console=console)
     need = entry.model.seq_len + 1
-    if dataset.n_tokens < need:
+    have = dataset_tokens(dataset)
+    if have < need:
         raise DataError(
             f"models.{entry.name}.model.seq_len={entry.model.seq_len} needs {need} tokens per sample but "
-            f"{entry.data.source} gives only {dataset.n_tokens}; lower seq_len or add data"
+            f"{entry.data.source} gives only {have}; lower seq_len or add data"
         )
+    GPTSamples(dataset, entry.model.seq_len, entry.training.seed, split=entry.data.split)  # build the cached index once
     paths.root.mkdir(parents=True, exist_ok=True)
     if not resume:
         archive_previous(paths)
     paths.logs.mkdir(exist_ok=True)
     write_atomic(paths.config, dump_project(project))
     write_atomic(paths.run_json, json.dumps({
-        "project": project.name, "model": entry.name, "fingerprint": fingerprint, "dataset": str(dataset.path),
+        "project": project.name, "model": entry.name, "fingerprint": fingerprint, "dataset": str(dataset),
         "clustertrain": __version__, "created": (previous or {}).get("created", time.time()) if resume else time.time(),
     }, indent=1))
     paths.status.unlink(missing_ok=True)
-    return RunSpec(project, entry, paths, dataset.path, resume)
+    return RunSpec(project, entry, paths, dataset, resume)
 
 
 def archive_previous(paths: RunPaths) -> Path | None:

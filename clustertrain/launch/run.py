@@ -38,7 +38,7 @@ def run_project(project: Project, model: str | None, run_dir: Path | None, resum
     several = len(entries) > 1
     outcomes = []
     for entry in entries:
-        spec = prepare_run(project, entry, run_dir_for(project, entry, run_dir, several), resume=resume)
+        spec = prepare_run(project, entry, run_dir_for(project, entry, run_dir, several), resume=resume, console=console)
         console.print(f"[bold]run[/] {project.name}/{entry.name} -> {spec.paths.root}")
         launcher = LocalLauncher()
         job = launcher.submit(spec)

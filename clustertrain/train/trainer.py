@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from clustertrain.data import SampleIndex, load_tokenizer, open_packed
+from clustertrain.data import GPTSamples, load_tokenizer
 from clustertrain.errors import DataError
 from clustertrain.project import ModelEntry, Project, architecture_fingerprint
 from clustertrain.rundir import RunPaths, write_atomic
@@ -54,11 +54,10 @@ class Trainer:
                 f"({cfg.micro_batch} x {self.dp}); change global_batch or micro_batch"
             )
         run = json.loads(paths.run_json.read_text())
-        dataset = open_packed(Path(run["dataset"]))
-        if dataset is None:
+        if not Path(run["dataset"] + ".idx").is_file():
             raise DataError(f"{run['dataset']}: prepared dataset is missing; re-run `clustertrain run` to prepare it")
         self.tokenizer = load_tokenizer(entry.data.tokenizer)
-        self.samples = SampleIndex(dataset.tokens(), entry.model.seq_len, cfg.seed)
+        self.samples = GPTSamples(run["dataset"], entry.model.seq_len, cfg.seed, split=entry.data.split)
 
         torch.manual_seed(cfg.seed)
         model = GPT(entry.model, padded_vocab(entry.model, self.tokenizer.vocab_size)).to(device)

@@ -26,7 +26,6 @@ import warnings
 from importlib import resources
 from pathlib import Path
 
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 

@@ -3,16 +3,13 @@ generated from the project file and validated offline (no AWS calls)."""
 
 from __future__ import annotations
 
-import contextlib
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import typer
 
 from clustertrain.cloud import generate_cluster_config, generate_infra_template, generate_node_scripts, validate_file
 from clustertrain.cloud.scripts import upload_command
-from clustertrain.errors import ClusterTrainError
+from clustertrain.cli.common import user_errors as _user_errors
 from clustertrain.project import load_project
 
 app = typer.Typer(
@@ -24,13 +21,6 @@ SetOpt = typer.Option([], "--set", help="Override a project field (dotted key=va
 NoSchemaOpt = typer.Option(False, "--no-schema", help="Skip aws-parallelcluster's schema check; run only clustertrain's rules.")
 
 
-@contextlib.contextmanager
-def _user_errors() -> Iterator[None]:
-    try:
-        yield
-    except ClusterTrainError as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise typer.Exit(err.exit_code) from None
 
 
 @app.command("config")

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import List, Optional
 
@@ -14,7 +12,7 @@ from rich.console import Console
 from clustertrain.data.preprocess import prepare_dataset
 from clustertrain.data.tokenizers import train_tokenizer
 from clustertrain.data.validate import validate_dataset
-from clustertrain.errors import ClusterTrainError
+from clustertrain.cli.common import user_errors as _user_errors
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -25,13 +23,6 @@ app = typer.Typer(
 out = Console(highlight=False, soft_wrap=True)
 
 
-@contextlib.contextmanager
-def _user_errors() -> Iterator[None]:
-    try:
-        yield
-    except ClusterTrainError as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise typer.Exit(err.exit_code) from None
 
 
 @app.command("prepare")

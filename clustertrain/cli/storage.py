@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.console import Console
 
-from clustertrain.errors import ClusterTrainError
+from clustertrain.cli.common import user_errors as _user_errors
 from clustertrain.storage import StoreConfig, restore_directory, sync, verify
 
 app = typer.Typer(
@@ -24,13 +21,6 @@ app = typer.Typer(
 out = Console(highlight=False, soft_wrap=True)
 
 
-@contextlib.contextmanager
-def _user_errors() -> Iterator[None]:
-    try:
-        yield
-    except ClusterTrainError as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise typer.Exit(err.exit_code) from None
 
 
 def _options(endpoint_url: Optional[str], region: Optional[str], profile: Optional[str], part_size_mb: int) -> StoreConfig:

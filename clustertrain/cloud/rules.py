@@ -227,7 +227,7 @@ def _queues(config: dict, cat: InstanceCatalog, region: str | None) -> tuple[lis
 
 def _name_rule(name: Any, path: str, what: str) -> Iterator[Finding]:
     if not isinstance(name, str):
-        yield Finding("error", path, f"the {what} has no Name", f"add a Name (lowercase letters, digits, '-', at most 25)")
+        yield Finding("error", path, f"the {what} has no Name", "add a Name (lowercase letters, digits, '-', at most 25)")
         return
     if not QUEUE_NAME_RE.match(name) or name == "default":
         yield Finding("error", path, f"{what} name {name!r} is not allowed",

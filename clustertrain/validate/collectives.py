@@ -22,7 +22,6 @@ reason. ``spec.fault`` injects a fault (``hang:RANK:OP``, ``corrupt:RANK:OP``, `
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import re
 import socket

@@ -13,7 +13,6 @@ import pytest
 
 from clustertrain.errors import StorageError
 from clustertrain.storage import (
-    MANIFEST_NAME,
     StoreConfig,
     backup_directory,
     restore_directory,

@@ -129,3 +129,13 @@ def test_reference_doc_is_current():
     assert doc == project_reference(), "docs/project-file.md is stale: run `clustertrain config docs -o docs/project-file.md`"
     for key in ("max_steps", "checkpoint_every", "gpus_per_node", "tie_embeddings"):
         assert f"`{key}`" in doc
+
+
+def test_cli_seq_len_longer_than_the_data_exits_2(tmp_path):
+    path = write(tmp_path, GOOD.replace("./r", str(tmp_path / "fsx")).replace("seq_len: 32", "seq_len: 4000000"))
+    proc = subprocess.run([sys.executable, "-m", "clustertrain", "run", str(path), "--run-dir", str(tmp_path / "run")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr
+    assert "seq_len=4000000 needs 4000001 tokens per sample but builtin:shakespeare gives only" in proc.stderr
+    assert "lower seq_len or add data" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists()

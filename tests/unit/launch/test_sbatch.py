@@ -1,0 +1,203 @@
+"""Rendering of the Slurm batch script: golden files, quoting of hostile names, what is (not) rendered.
+
+Golden files live in golden/; regenerate them after an intended change with
+``CLUSTERTRAIN_UPDATE_GOLDEN=1 pytest tests/unit/launch/test_sbatch.py`` and review the diff.
+The container variant cannot run here (Pyxis is not installable), so the golden file is its check;
+the host variant also runs for real in tests/integration/launch/test_slurm_backend.py.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from clustertrain.errors import LaunchError
+from clustertrain.launch.config import LaunchConfig
+from clustertrain.launch.sbatch import build_request, render_script, sbatch_quote, srun_command
+from clustertrain.project import validate_project
+
+GOLDEN = Path(__file__).parent / "golden"
+HOSTILE_NAME = "x'; touch INJECTED; echo '"
+HOSTILE_PARTS = ["a 0", 'a"=0"', "a'; touch INJECTED; echo foo", "$(touch INJECTED)", "a#b%x"]
+
+
+def project(**cluster):
+    base = {"backend": "slurm", "nodes": 2, "gpus_per_node": 0, "procs_per_node": 1}
+    cluster = {**base, **cluster}
+    if cluster["gpus_per_node"]:
+        del cluster["procs_per_node"]
+    world = cluster["nodes"] * (cluster["gpus_per_node"] or 1)
+    return validate_project({
+        "name": "proj", "cluster": cluster, "storage": {"root": "/fsx"},
+        "models": [{"name": "m1", "model": {"layers": 2, "hidden": 64, "heads": 4, "seq_len": 64},
+                    "training": {"max_steps": 10, "micro_batch": 8, "global_batch": 8 * world}}],
+    })
+
+
+def golden_text(request) -> str:
+    return render_script(replace(request, version="0.0.0-golden"))  # a release bump does not change the golden files
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("CLUSTERTRAIN_UPDATE_GOLDEN"):
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"{path} missing; run with CLUSTERTRAIN_UPDATE_GOLDEN=1 once and review it"
+    assert text == path.read_text(), f"rendered script differs from {path}; if intended, regenerate (see module doc)"
+
+
+def test_golden_container_p5e():
+    p = project(nodes=2, gpus_per_node=8, instance_type="p5e.48xlarge", container_image="/fsx/images/train.sqsh",
+                partition="gpu", time_limit="48:00:00", cpus_per_task=12)
+    launch = LaunchConfig(env={"NCCL_DEBUG": "WARN", "MY_FLAG": "a b"}, sbatch_args=["--qos=high"],
+                          srun_args=["--cpu-bind=none"])
+    req = build_request(p, p.models[0], Path("/fsx/proj/m1"), launch=launch,
+                        submit_command="clustertrain submit proj.yaml --model m1")
+    text = golden_text(req)
+    check_golden("sbatch_container_p5e.sh", text)
+    assert "--container-image=/fsx/images/train.sqsh" in text
+    assert "--container-mounts=/fsx:/fsx,/dev/infiniband:/dev/infiniband" in text
+    assert "--container-workdir=/fsx/proj/m1 --no-container-mount-home --cpu-bind=none python -m clustertrain train" in text
+    assert sys.executable not in text
+
+
+def test_golden_host_large_p5_gres():
+    p = project(nodes=16, gpus_per_node=8, instance_type="p5.48xlarge")
+    req = build_request(p, p.models[0], Path("/fsx/proj/m1"), python="/opt/venv/bin/python",
+                        launch=LaunchConfig(gpu_directive="gres", exclusive=False, max_restarts=5, signal_grace_s=120),
+                        submit_command="clustertrain submit proj.yaml")
+    text = golden_text(req)
+    check_golden("sbatch_host_p5_large.sh", text)
+    assert "#SBATCH --gres=gpu:8" in text and "--gpus-per-node" not in text
+    assert "#SBATCH --exclusive" not in text and "container" not in text
+    assert "export NCCL_DEBUG=WARN" in text and "#SBATCH --signal=B:USR2@120" in text
+
+
+def test_defaults_use_this_python_and_log_root_per_model():
+    p = project()
+    text = render_script(build_request(p, p.models[0], Path("/fsx/proj/m1")))
+    assert f" {shlex.quote(sys.executable)} -m clustertrain train --run-dir /fsx/proj/m1 --model m1 &" in text
+    assert '#SBATCH --output="/fsx/proj/logs/m1/%x-%j.out"' in text
+    for line in ("#SBATCH --open-mode=append", "#SBATCH --requeue", "#SBATCH --signal=B:USR2@300", "#SBATCH --exclusive",
+                 '#SBATCH --job-name="proj-m1"', "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1"):
+        assert line in text.splitlines()
+    assert "srun --kill-on-bad-exit=1" in text
+    assert "export FI_PROVIDER" not in text  # no instance type, no preset
+    assert "--container" not in text and "gpus-per-node" not in text
+
+
+def test_sbatch_quote_escapes_what_sbatch_parses():
+    assert sbatch_quote("plain") == '"plain"'
+    assert sbatch_quote('a"b#c\\d e') == '"a\\"b\\#c\\\\d e"'
+    assert sbatch_quote("x'; touch INJECTED; echo '") == "\"x'; touch INJECTED; echo '\""
+
+
+@pytest.mark.parametrize("field,value", [("job_name", "a\nb"), ("job_name", "a\0b"), ("job_name", "a/b"),
+                                         ("run_dir", "/fsx/a\nb"), ("submit_command", "x\r\ny")])
+def test_newlines_nuls_and_slashes_are_rejected(field, value):
+    p = project()
+    kwargs = {"job_name": None, "submit_command": None, field: value}
+    run_dir = kwargs.pop("run_dir", "/fsx/ok")
+    with pytest.raises(LaunchError, match="newline or NUL|no '/'"):
+        build_request(p, p.models[0], Path(run_dir), **kwargs)
+
+
+def test_launch_config_rejects_bad_env_and_args():
+    with pytest.raises(ValidationError, match="newline or NUL"):
+        LaunchConfig(env={"A": "x\ny"})
+    with pytest.raises(ValidationError, match="not a valid environment variable name"):
+        LaunchConfig(env={"A B": "x"})
+    with pytest.raises(ValidationError, match="must be an option"):
+        LaunchConfig(srun_args=["rm -rf /"])
+    with pytest.raises(ValidationError):
+        LaunchConfig(signal="KILL")
+    with pytest.raises(ValidationError):
+        LaunchConfig(surprise=1)
+
+
+def test_container_mounts_with_commas_are_refused():
+    p = project(container_image="img.sqsh")
+    with pytest.raises(LaunchError, match="--container-mounts"):
+        build_request(p, p.models[0], Path("/elsewhere/a,b"))
+
+
+def test_hostile_names_reach_srun_as_single_words(tmp_path):
+    """Run the rendered script under bash with recording stand-ins for srun/scontrol (a unit test of the
+    quoting only; the real Slurm run of a hostile job is in the integration tests): every argument
+    arrives intact and nothing in the names is executed."""
+    hostile_dir = tmp_path.joinpath(*HOSTILE_PARTS)
+    p = project()
+    req = build_request(p, p.models[0], hostile_dir, job_name=HOSTILE_NAME,
+                        launch=LaunchConfig(env={"WEIRD": "$(touch INJECTED) `touch INJECTED` ' \" \\"}))
+    script = tmp_path / "job.sh"
+    script.write_text(render_script(req))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    record = tmp_path / "argv.txt"
+    (bin_dir / "srun").write_text(f'#!/bin/bash\nprintf "%s\\0" "$@" > {shlex.quote(str(record))}\n'
+                                  f'printf "%s" "$WEIRD" > {shlex.quote(str(tmp_path / "weird.txt"))}\n')
+    (bin_dir / "scontrol").write_text("#!/bin/bash\nif [ \"$2\" = hostnames ]; then echo node1; "
+                                      "else echo 'NodeName=node1 Arch=x NodeAddr=10.0.0.7 NodeHostName=h'; fi\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "1234",
+           "SLURM_JOB_NODELIST": "node1"}
+    proc = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert "master 10.0.0.7:21234" in proc.stdout
+    argv = record.read_bytes().decode().split("\0")[:-1]
+    assert argv == srun_command(req)[1:]
+    assert argv[argv.index("--run-dir") + 1] == str(hostile_dir)
+    assert (tmp_path / "weird.txt").read_text() == "$(touch INJECTED) `touch INJECTED` ' \" \\"
+    assert not list(tmp_path.rglob("INJECTED")) and not Path("INJECTED").exists()
+    header = [ln for ln in script.read_text().splitlines() if ln.startswith("#SBATCH --job-name=")]
+    assert header == ["#SBATCH --job-name=\"x'; touch INJECTED; echo '\""]
+
+
+def test_stop_signal_and_restart_budget_are_rendered():
+    p = project()
+    text = render_script(build_request(p, p.models[0], Path("/fsx/r"), launch=LaunchConfig(signal="TERM", max_restarts=0)))
+    assert "#SBATCH --signal=B:TERM@300" in text and "trap forward_stop TERM" in text
+    assert "MAX_RESTARTS=0" in text and 'scontrol requeue "$SLURM_JOB_ID"' in text
+    proc = subprocess.run(["bash", "-n"], input=text, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_run_dir_rule_matches_prepare(tmp_path):
+    from clustertrain.launch.prepare import run_dir_for
+    from clustertrain.launch.slurm import run_dir_of
+
+    p = project()
+    for run_dir, several in ((None, False), (tmp_path / "x", False), (tmp_path / "x", True), (Path("rel"), True)):
+        assert run_dir_of(p, p.models[0], run_dir, several) == run_dir_for(p, p.models[0], run_dir, several)
+
+
+
+def test_cli_dry_run_prints_the_script_and_touches_nothing(tmp_path):
+    import typer
+    from typer.testing import CliRunner
+
+    from clustertrain.cli import jobs
+
+    app = typer.Typer()
+    jobs.register(app)
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "name: dry\ncluster: {backend: slurm, nodes: 2, procs_per_node: 1}\n"
+        f"storage: {{root: {str(tmp_path / 'fsx')!r}}}\n"
+        "models:\n- {name: a, model: {layers: 2, hidden: 64, heads: 4, seq_len: 64}, training: {max_steps: 5}}\n"
+        "- {name: b, model: {layers: 2, hidden: 64, heads: 4, seq_len: 64}, training: {max_steps: 5}}\n")
+    res = CliRunner().invoke(app, ["submit", str(path), "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert res.output.count("#!/bin/bash\n# Generated by clustertrain") == 2  # one job per model
+    assert '#SBATCH --job-name="dry-a"' in res.output and '#SBATCH --job-name="dry-b"' in res.output
+    assert f"--run-dir {tmp_path / 'fsx' / 'dry' / 'a'} --model a" in res.output
+    assert not (tmp_path / "fsx").exists()

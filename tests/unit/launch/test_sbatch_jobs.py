@@ -1,0 +1,57 @@
+"""Job records (RUN_DIR/jobs.jsonl) and the Slurm-state -> JobStatus mapping of the Slurm backend."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from clustertrain.launch.jobs import JobRecord, add_record, find_record, read_records, update_record
+from clustertrain.launch.slurm import to_job_status
+from clustertrain.launch.slurm_query import JobState
+from clustertrain.rundir import RunPaths
+
+
+def record(job_id: str) -> JobRecord:
+    return JobRecord(job_id=job_id, model="m", job_name="p-m", script=f"/r/jobs/{job_id}.sbatch",
+                     output=f"/logs/m/p-m-{job_id}.out", submitted=1.0)
+
+
+def test_records_round_trip_update_and_find(tmp_path):
+    paths = RunPaths(tmp_path)
+    assert read_records(paths) == [] and find_record(paths) is None
+    add_record(paths, record("7"))
+    add_record(paths, record("9"))
+    assert find_record(paths).job_id == "9" and find_record(paths, "7").output == "/logs/m/p-m-7.out"
+    assert update_record(paths, "7", state="FAILED", exit_code=1, restarts=2).state == "FAILED"
+    assert update_record(paths, "404", state="X") is None
+    rows = [json.loads(line) for line in paths.jobs.read_text().splitlines()]
+    assert [(r["job_id"], r["state"], r["exit_code"], r["restarts"], r["version"]) for r in rows] == \
+        [("7", "FAILED", 1, 2, 1), ("9", None, None, 0, 1)]
+    assert not list(tmp_path.glob(".jobs.jsonl.*"))  # atomic write leaves no temp file
+
+
+def test_reading_tolerates_new_fields_and_damaged_lines(tmp_path):
+    paths = RunPaths(tmp_path)
+    good = {**record("3").__dict__, "added_by_a_newer_version": True}
+    paths.jobs.write_text(json.dumps(good) + "\n{not json\n" + json.dumps({"job_id": "4"}) + "\n")
+    assert [r.job_id for r in read_records(paths)] == ["3"]
+
+
+@pytest.mark.parametrize("slurm,run_state,mapped", [
+    ("PENDING", None, "PENDING"), ("REQUEUED", None, "PENDING"), ("CONFIGURING", None, "PENDING"),
+    ("RUNNING", None, "RUNNING"), ("COMPLETING", None, "RUNNING"),
+    ("COMPLETED", "completed", "COMPLETED"), ("COMPLETED", None, "COMPLETED"), ("COMPLETED", "stopped", "STOPPED"),
+    ("PREEMPTED", None, "STOPPED"), ("CANCELLED", None, "CANCELLED"), ("FAILED", None, "FAILED"),
+    ("TIMEOUT", None, "FAILED"), ("NODE_FAIL", None, "FAILED"), ("OUT_OF_MEMORY", None, "FAILED"),
+])
+def test_slurm_states_map_to_job_status(slurm, run_state, mapped):
+    status = to_job_status(JobState("5", "p-m", slurm, reason="Resources"), {"state": run_state} if run_state else None)
+    assert (status.state, status.extra["slurm_state"], status.detail) == (mapped, slurm, f"{slurm} (Resources)")
+    assert status.finished == (mapped not in ("PENDING", "RUNNING"))
+
+
+def test_exit_code_of_a_signalled_job_is_128_plus_signal():
+    assert to_job_status(JobState("5", "n", "FAILED", exit_code=0, signal=9)).exit_code == 137
+    assert to_job_status(JobState("5", "n", "FAILED", exit_code=3, signal=0)).exit_code == 3
+    assert to_job_status(JobState("5", "n", "RUNNING")).exit_code is None

@@ -35,6 +35,8 @@ def run(
     for o in outcomes:
         if o.state == "COMPLETED":
             console.print(f"[green]completed[/] {o.model}: step {o.step}, checkpoint {o.checkpoint}, metrics {o.run_dir / 'metrics.jsonl'}")
+            if o.backup:
+                console.print(f"backed up to {o.backup}")
         elif o.state == "STOPPED":
             console.print(f"[yellow]stopped[/] {o.model} at step {o.step}; checkpoint saved to {o.checkpoint}; "
                           "run the same command again to resume")

@@ -24,6 +24,7 @@ class RunOutcome:
     message: str
     step: int | None = None
     checkpoint: str | None = None
+    backup: str | None = None
 
 
 def run_project(project: Project, model: str | None, run_dir: Path | None, resume: bool,
@@ -45,7 +46,7 @@ def run_project(project: Project, model: str | None, run_dir: Path | None, resum
         result = follow_local(launcher, job, spec, console)
         status = read_json(spec.paths.status) or {}
         outcome = RunOutcome(entry.name, spec.paths.root, result.state, result.exit_code, result.message,
-                             status.get("step"), status.get("checkpoint"))
+                             status.get("step"), status.get("checkpoint"), status.get("backup"))
         outcomes.append(outcome)
         if result.state != "COMPLETED":
             break

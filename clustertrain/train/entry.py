@@ -42,6 +42,7 @@ def load_resolved(paths: RunPaths) -> Project:
 def run_rank(run_dir: Path, model_name: str) -> int:
     import torch
 
+    from clustertrain.train.backup import backup_checkpoint
     from clustertrain.train.distributed import RankEnv, init_process_group, shutdown_process_group
     from clustertrain.train.signals import StopRequest
     from clustertrain.train.trainer import Trainer, write_status
@@ -76,6 +77,12 @@ def run_rank(run_dir: Path, model_name: str) -> int:
     if env.rank == 0:
         write_status(paths, outcome)
     shutdown_process_group()
+    if env.rank == 0 and outcome.state == "completed" and outcome.checkpoint is not None:
+        url = backup_checkpoint(project, entry, outcome.checkpoint)
+        if url:
+            print(f"[clustertrain] backed up {outcome.checkpoint.name} to {url} (verified)", flush=True)
+            outcome.backup = url
+            write_status(paths, outcome)
     return EXIT_OK
 
 

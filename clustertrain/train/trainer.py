@@ -32,6 +32,7 @@ class Outcome:
     step: int
     checkpoint: Path | None
     signal: str | None = None
+    backup: str | None = None
 
 
 def log(rank: int, msg: str) -> None:
@@ -198,5 +199,6 @@ class Trainer:
 def write_status(paths: RunPaths, outcome: Outcome) -> None:
     write_atomic(paths.status, json.dumps({
         "state": outcome.state, "step": outcome.step, "signal": outcome.signal,
-        "checkpoint": str(outcome.checkpoint) if outcome.checkpoint else None, "pid": os.getpid(), "time": time.time(),
+        "checkpoint": str(outcome.checkpoint) if outcome.checkpoint else None, "backup": outcome.backup,
+        "pid": os.getpid(), "time": time.time(),
     }))

@@ -1,0 +1,45 @@
+"""The final checkpoint goes to the checkpoint bucket (moto's S3 server over HTTP) and comes back into a
+fresh run directory, from which `run` resumes."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from tests.support.training import metrics, run_cli
+
+pytestmark = pytest.mark.slow
+
+PROJECT = """
+name: backup-test
+cluster: {{backend: local, gpus_per_node: 0, procs_per_node: 2, threads_per_worker: 1}}
+storage: {{root: {root}, checkpoint_bucket: "s3://{bucket}/ckpts", endpoint_url: "{endpoint}"}}
+models:
+  - name: tiny
+    model: {{layers: 2, hidden: 64, heads: 4, seq_len: 64}}
+    training: {{max_steps: 6, micro_batch: 4, global_batch: 8, checkpoint_every: 3, log_every: 1}}
+"""
+
+
+def test_final_checkpoint_backed_up_and_restored_run_resumes(tmp_path, s3_endpoint, bucket, s3_client):
+    project = tmp_path / "p.yaml"
+    project.write_text(textwrap.dedent(PROJECT.format(root=json.dumps(str(tmp_path / "fsx")), bucket=bucket, endpoint=s3_endpoint)))
+    first = tmp_path / "first"
+    res = run_cli("run", str(project), "--run-dir", str(first))
+    assert res.returncode == 0, res.stdout
+    url = f"s3://{bucket}/ckpts/backup-test/tiny/step_00000006"
+    assert f"backed up to {url}" in res.stdout
+    assert json.loads((first / "status.json").read_text())["backup"] == url
+    keys = {o["Key"] for o in s3_client.list_objects_v2(Bucket=bucket)["Contents"]}
+    assert "ckpts/backup-test/tiny/step_00000006/meta.json" in keys and "ckpts/backup-test/tiny/step_00000006/.metadata" in keys
+    assert not any("step_00000003" in k for k in keys)  # only the final checkpoint
+
+    fresh = tmp_path / "elsewhere"
+    res = run_cli("storage", "restore", url, str(fresh / "checkpoints" / "step_00000006"), "--endpoint-url", s3_endpoint)
+    assert res.returncode == 0, res.stdout
+    res = run_cli("run", str(project), "--run-dir", str(fresh), "--set", "models.0.training.max_steps=9")
+    assert res.returncode == 0, res.stdout
+    assert "(step 6)" in res.stdout and "resumed from" in res.stdout
+    assert [r["step"] for r in metrics(fresh)] == [7, 8, 9]

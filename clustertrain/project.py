@@ -90,7 +90,7 @@ class StorageConfig(StrictModel):
         Path("./runs"),
         description="Directory that plays the shared file system: `/fsx` on a cluster, `./runs` locally. Run directories and prepared data live below it.",
     )
-    data_bucket: str | None = Field(None, description="`s3://bucket/prefix` for prepared datasets (optional).")
+    data_bucket: str | None = Field(None, description="`s3://bucket/prefix` where prepared datasets are published (`clustertrain data prepare --publish`); a model reads one with `data.source: s3://...`.")
     checkpoint_bucket: str | None = Field(
         None, description="`s3://bucket/prefix` (or a local path) where the final checkpoint is backed up after a successful run (optional)."
     )
@@ -142,7 +142,8 @@ class DataConfig(StrictModel):
         "builtin:shakespeare",
         description="Training data: `builtin:shakespeare` (bundled, public domain); paths/globs of raw .txt/.jsonl(.gz) files, "
         "tokenized once into a Megatron indexed dataset below `<storage.root>/datasets/`; or the prefix of a prepared "
-        "dataset (`P` with `P.bin` and `P.idx`, from `clustertrain data prepare` or Megatron's preprocess_data.py).",
+        "dataset (`P` with `P.bin` and `P.idx`, from `clustertrain data prepare` or Megatron's preprocess_data.py); or "
+        "`s3://bucket/path/` where `clustertrain data prepare --publish` put one (fetched once, verified).",
     )
     tokenizer: str = Field("byte", description="Tokenizer: `byte` (byte-level, 256 + specials) or a Hugging Face `tokenizer.json` path.")
     json_key: str = Field("text", description="Key holding the text in JSONL inputs.")
@@ -298,7 +299,7 @@ def load_project(path: str | Path, overrides: list[str] | None = None) -> Projec
         project.storage.root = (base / project.storage.root).resolve()
     for m in project.models:
         src = m.data.source
-        if not src.startswith("builtin:") and not Path(src).is_absolute():
+        if not src.startswith(("builtin:", "s3://")) and not Path(src).is_absolute():
             m.data.source = str(base / src)
         if m.data.tokenizer != "byte" and not Path(m.data.tokenizer.removeprefix("hf:")).is_absolute():
             m.data.tokenizer = str(base / m.data.tokenizer.removeprefix("hf:"))

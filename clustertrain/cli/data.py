@@ -34,17 +34,26 @@ def prepare_cmd(
     workers: int = typer.Option(1, "--workers", "-w", min=1, help="Tokenizer processes."),
     append_eod: bool = typer.Option(True, "--append-eod/--no-append-eod", help="End every document with the eod token."),
     skip_bad_lines: bool = typer.Option(False, "--skip-bad-lines", help="Skip (and count) bad JSONL lines instead of stopping."),
+    publish: Optional[str] = typer.Option(None, "--publish", help="Then copy the dataset to this s3:// URL (or directory), verified."),
+    endpoint_url: Optional[str] = typer.Option(None, "--endpoint-url", help="S3-compatible endpoint for --publish."),
 ) -> None:
     """Tokenize INPUTS into a Megatron indexed dataset (does nothing when it is already up to date)."""
     with _user_errors():
         result = prepare_dataset(inputs, output_prefix, tokenizer, json_key=json_key, workers=workers,
                                  append_eod=append_eod, skip_bad_lines=skip_bad_lines, console=Console(stderr=True))
+        if publish:
+            from clustertrain.data.staging import publish_dataset
+            from clustertrain.storage import StoreConfig
+
+            publish_dataset(output_prefix, publish, StoreConfig(endpoint_url=endpoint_url))
     m = result.manifest
     state = "up to date, nothing done" if result.reused else "written"
     out.print(f"{output_prefix}: {state} — {m['documents']:,} documents, {m['tokens']:,} tokens ({m['dtype']}, "
               f"tokenizer {m['tokenizer']})")
     if result.skipped_lines:
         out.print(f"skipped {result.skipped_lines:,} bad lines; first: {m['first_skipped'][0]}")
+    if publish:
+        out.print(f"published to {publish} (verified)")
 
 
 @app.command("validate")

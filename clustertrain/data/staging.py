@@ -5,7 +5,13 @@ Megatron indexed dataset prefix (``P.bin`` + ``P.idx`` + ``P.manifest.json``).
 * ``builtin:shakespeare`` — the bundled corpus, tokenized once below ``<storage.root>/datasets/``;
 * raw inputs (paths or globs of .txt / .jsonl / .jsonl.gz) — tokenized once, re-used while unchanged;
 * a prepared prefix (``/fsx/data/train_data`` with ``.bin``/``.idx`` beside it, e.g. from
-  ``clustertrain data prepare`` or Megatron's ``preprocess_data.py``) — validated, used in place.
+  ``clustertrain data prepare`` or Megatron's ``preprocess_data.py``) — validated, used in place;
+* ``s3://bucket/path/`` — a dataset published by ``clustertrain data prepare --publish`` (one
+  prefix's ``.bin``/``.idx``/``.manifest.json`` with a storage manifest): fetched once, checksum-verified,
+  to ``<storage.root>/datasets/remote-<hash>/``, then validated like a prepared prefix.
+
+Publishing copies exactly one prefix's three files (hard links in a staging directory, then a
+checksum-manifest sync), so a directory shared with other files is never uploaded by accident.
 """
 
 from __future__ import annotations
@@ -35,9 +41,13 @@ def is_prepared_prefix(source: str) -> bool:
     return Path(source + ".idx").is_file() and Path(source + ".bin").is_file()
 
 
-def stage_dataset(cfg: DataConfig, datasets_root: Path, console=None) -> Path:
-    """Return the prefix of a prepared dataset for ``cfg``, tokenizing raw inputs once."""
+def stage_dataset(cfg: DataConfig, datasets_root: Path, console=None, store_options=None) -> Path:
+    """Return the prefix of a prepared dataset for ``cfg``, tokenizing raw inputs (or fetching a published one) once."""
     tokenizer = load_tokenizer(cfg.tokenizer)
+    if cfg.source.startswith("s3://"):
+        prefix = fetch_published(cfg.source, Path(datasets_root), store_options)
+        validate_dataset(prefix, vocab_size=tokenizer.vocab_size, tokenizer=tokenizer.identity).raise_for_problems()
+        return prefix
     if is_prepared_prefix(cfg.source):
         report = validate_dataset(cfg.source, vocab_size=tokenizer.vocab_size, tokenizer=tokenizer.identity)
         report.raise_for_problems()
@@ -59,3 +69,40 @@ def stage_dataset(cfg: DataConfig, datasets_root: Path, console=None) -> Path:
 
 def dataset_tokens(prefix: Path) -> int:
     return int(IndexedDataset(prefix).sequence_lengths.sum())
+
+
+DATASET_FILES = (".bin", ".idx", ".manifest.json")
+
+
+def publish_dataset(prefix: Path, url: str, store_options=None) -> str:
+    """Copy one prepared prefix (``.bin``, ``.idx``, ``.manifest.json``) to ``url`` and verify it."""
+    import os
+    import tempfile
+
+    from clustertrain.storage import backup_directory
+
+    prefix = Path(prefix)
+    files = [Path(f"{prefix}{ext}") for ext in DATASET_FILES]
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise DataError(f"{prefix}: not a prepared dataset ({', '.join(missing)} missing); run `clustertrain data prepare` first")
+    with tempfile.TemporaryDirectory(prefix=".publish-", dir=prefix.parent) as staging:
+        for f in files:
+            os.link(f, Path(staging) / f.name)
+        result = backup_directory(staging, url, options=store_options)
+    if not result.ok:
+        raise DataError(f"publishing {prefix} to {url} did not verify; run `clustertrain storage verify {url}`")
+    return url
+
+
+def fetch_published(url: str, datasets_root: Path, store_options=None) -> Path:
+    """Fetch a published dataset once (a re-run transfers nothing when the copy is complete)."""
+    from clustertrain.storage import restore_directory
+
+    local = datasets_root / f"remote-{hashlib.sha256(url.encode()).hexdigest()[:12]}"
+    restore_directory(url, local, options=store_options)
+    idx = sorted(local.glob("*.idx"))
+    if len(idx) != 1:
+        raise DataError(f"data.source {url}: expected one published dataset (one .idx), found {len(idx)}; "
+                        "publish with `clustertrain data prepare --publish URL`")
+    return idx[0].with_suffix("")

@@ -57,7 +57,7 @@ def prepare_run(project: Project, entry: ModelEntry, run_dir: Path, resume: bool
     previous = read_json(paths.run_json)
     if resume:
         check_ownership(paths.checkpoints, fingerprint, project.name, entry.name)
-    dataset = stage_dataset(entry.data, project.storage.root / "datasets", console=console)
+    dataset = stage_dataset(entry.data, project.storage.root / "datasets", console=console, store_options=store_options(project))
     need = entry.model.seq_len + 1
     have = dataset_tokens(dataset)
     if have < need:
@@ -77,6 +77,12 @@ def prepare_run(project: Project, entry: ModelEntry, run_dir: Path, resume: bool
     }, indent=1))
     paths.status.unlink(missing_ok=True)
     return RunSpec(project, entry, paths, dataset, resume)
+
+
+def store_options(project: Project):
+    from clustertrain.storage import StoreConfig
+
+    return StoreConfig(endpoint_url=project.storage.endpoint_url, region=project.storage.region)
 
 
 def archive_previous(paths: RunPaths) -> Path | None:

@@ -43,3 +43,26 @@ def test_final_checkpoint_backed_up_and_restored_run_resumes(tmp_path, s3_endpoi
     assert res.returncode == 0, res.stdout
     assert "(step 6)" in res.stdout and "resumed from" in res.stdout
     assert [r["step"] for r in metrics(fresh)] == [7, 8, 9]
+
+
+def test_published_dataset_is_fetched_verified_and_trained_on(tmp_path, s3_endpoint, bucket):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"document {i}: " + "to be or not to be " * 20}) + "\n" for i in range(200)))
+    url = f"s3://{bucket}/datasets/corpus-v1"
+    res = run_cli("data", "prepare", "--input", str(corpus), "--output-prefix", str(tmp_path / "prepared" / "corpus"),
+                  "--publish", url, "--endpoint-url", s3_endpoint)
+    assert res.returncode == 0, res.stdout
+    assert f"published to {url} (verified)" in res.stdout
+
+    project = tmp_path / "p.yaml"
+    text = PROJECT.format(root=json.dumps(str(tmp_path / "fsx")), bucket=bucket, endpoint=s3_endpoint)
+    project.write_text(textwrap.dedent(text).replace("training: {", f"data: {{source: \"{url}\"}}\n    training: {{"))
+    run_dir = tmp_path / "run"
+    res = run_cli("run", str(project), "--run-dir", str(run_dir), "--set", "models.0.training.max_steps=3",
+                  "--set", "storage.checkpoint_bucket=null")
+    assert res.returncode == 0, res.stdout
+    run = json.loads((run_dir / "run.json").read_text())
+    fetched = list((tmp_path / "fsx" / "datasets").glob("remote-*/corpus.idx"))
+    assert len(fetched) == 1 and run["dataset"] == str(fetched[0].with_suffix(""))
+    assert fetched[0].read_bytes() == (tmp_path / "prepared" / "corpus.idx").read_bytes()
+    assert [r["step"] for r in metrics(run_dir)] == [1, 2, 3]

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from clustertrain.cloud.config import AwsConfig
 from clustertrain.errors import ConfigError
+from clustertrain.launch.config import LaunchConfig
 from clustertrain.plan.config import ModelPlanConfig, PlanConfig
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -229,6 +230,7 @@ class Project(StrictModel):
     storage: StorageConfig = Field(default_factory=StorageConfig, description="Shared file system root and buckets.")
     models: list[ModelEntry] = Field(..., min_length=1, description="Models to train (several can share one cluster).")
     plan: PlanConfig = Field(default_factory=PlanConfig, description="Planner settings (clustertrain plan).")
+    launch: LaunchConfig = Field(default_factory=LaunchConfig, description="How Slurm jobs are submitted (clustertrain submit).")
     aws: AwsConfig | None = Field(None, description="AWS ParallelCluster and infrastructure settings (clustertrain cluster ...).")
 
     @field_validator("name")

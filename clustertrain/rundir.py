@@ -8,7 +8,8 @@
       logs/rank<R>.log      stdout+stderr of each local rank (local backend)
       checkpoints/          step_<8 digits>/ (DCP shards + meta.json) and the `latest` pointer
       status.json           how the last run of the ranks ended: completed | stopped, step, checkpoint
-      jobs.jsonl            one record per submitted Slurm job (Slurm backend)
+      jobs.jsonl            one record per submitted Slurm job (Slurm backend; see clustertrain.launch.jobs)
+      jobs/                 the batch script of each submission, kept as submitted
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import typer
 from clustertrain.cli import cluster as cluster_cli
 from clustertrain.cli import config as config_cli
 from clustertrain.cli import data as data_cli
+from clustertrain.cli import jobs as jobs_cli
 from clustertrain.cli import local_slurm as local_slurm_cli
 from clustertrain.cli import plan as plan_cli
 from clustertrain.cli import run as run_cli
@@ -30,6 +31,7 @@ app = typer.Typer(
     help="Distributed LLM training on Slurm GPU clusters — rehearsed on one machine.",
 )
 run_cli.register(app)
+jobs_cli.register(app)
 app.command("plan")(plan_cli.plan_command)
 app.add_typer(config_cli.app, name="config")
 app.add_typer(data_cli.app, name="data")

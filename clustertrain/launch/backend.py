@@ -7,9 +7,10 @@ reports on them. Four methods, nothing more; optional abilities are separate mix
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator, Protocol
+from typing import TYPE_CHECKING, Iterator, Protocol
 
-from clustertrain.launch.prepare import RunSpec
+if TYPE_CHECKING:
+    from clustertrain.launch.prepare import RunSpec
 
 
 @dataclass

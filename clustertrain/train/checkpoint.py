@@ -27,13 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from typing import TYPE_CHECKING
 
 from clustertrain.errors import RunDirError
 from clustertrain.rundir import fsync_dir, write_atomic
+
+if TYPE_CHECKING:  # torch is imported where it is used, so launchers that only read the layout stay light
+    import torch
 
 FORMAT = "clustertrain-checkpoint"
 VERSION = 1
@@ -104,6 +104,10 @@ class CheckpointManager:
 
     def save(self, step: int, consumed_samples: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
              extra: dict[str, Any]) -> Path:
+        import torch
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
         final = self.root / step_dir_name(step)
         tmp = self.root / f".tmp-{final.name}"
         if self.rank == 0:
@@ -146,6 +150,10 @@ class CheckpointManager:
 
     def load(self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict[str, Any] | None]:
         """Load model+optimizer in place; return (meta, this rank's extra state or None if the world size changed)."""
+        import torch
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
         meta = read_meta(path)
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd}
@@ -159,5 +167,7 @@ class CheckpointManager:
 
 
 def _barrier() -> None:
+    import torch.distributed as dist
+
     if dist.is_available() and dist.is_initialized():
         dist.barrier()

@@ -171,16 +171,6 @@ def test_stop_signal_and_restart_budget_are_rendered():
     assert proc.returncode == 0, proc.stderr
 
 
-def test_run_dir_rule_matches_prepare(tmp_path):
-    from clustertrain.launch.prepare import run_dir_for
-    from clustertrain.launch.slurm import run_dir_of
-
-    p = project()
-    for run_dir, several in ((None, False), (tmp_path / "x", False), (tmp_path / "x", True), (Path("rel"), True)):
-        assert run_dir_of(p, p.models[0], run_dir, several) == run_dir_for(p, p.models[0], run_dir, several)
-
-
-
 def test_cli_dry_run_prints_the_script_and_touches_nothing(tmp_path):
     import typer
     from typer.testing import CliRunner

@@ -1,0 +1,123 @@
+"""`clustertrain submit | status | logs | cancel`: Slurm jobs of a project's models.
+
+Jobs are found through the run directories' records (``RUN_DIR/jobs.jsonl``): ``status``, ``logs`` and
+``cancel`` take the same PROJECT, ``--model``, ``--run-dir`` and ``--set`` as ``submit`` and act on
+each model's newest job (or ``--job ID``). Slurm clients need ``SLURM_CONF`` etc. in the environment
+(for the local cluster: ``eval "$(clustertrain local-slurm env)"``).
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from clustertrain.project import load_project
+
+SET_HELP = "Override a project field, e.g. --set models.0.training.max_steps=40 (repeatable)."
+_PROJECT = typer.Argument(..., help="Project file (YAML).")
+_MODEL = typer.Option(None, "--model", help="Only this model (default: all of the project's models).")
+_RUN_DIR = typer.Option(None, "--run-dir", help="Run directory (default: <storage.root>/<project>/<model>).")
+_SET = typer.Option([], "--set", help=SET_HELP)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("submit")(submit)
+    app.command("status")(status)
+    app.command("logs")(logs)
+    app.command("cancel")(cancel)
+
+
+def _runs(project_file: Path, model: Optional[str], run_dir: Optional[Path], set_: list[str]):
+    from clustertrain.launch.prepare import run_dir_for
+    from clustertrain.rundir import RunPaths
+
+    project = load_project(project_file, set_)
+    entries = [project.model(model)] if model else list(project.models)
+    return [(e.name, RunPaths(run_dir_for(project, e, run_dir, len(entries) > 1))) for e in entries]
+
+
+def submit(
+    project_file: Path = _PROJECT,
+    model: Optional[str] = _MODEL,
+    run_dir: Optional[Path] = _RUN_DIR,
+    set_: list[str] = _SET,
+    no_resume: bool = typer.Option(False, "--no-resume", help="Start fresh: archive earlier checkpoints to RUN_DIR/previous/."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the batch script(s) and exit; submits nothing."),
+) -> None:
+    """Submit one Slurm batch job per model; return as soon as they are queued and print the job ids."""
+    from clustertrain.launch.slurm import SlurmLauncher, submit_project
+
+    project = load_project(project_file, set_)
+    command = shlex.join(["clustertrain", "submit", *sys.argv[2:]]) if len(sys.argv) > 1 else "clustertrain submit"
+    launcher = SlurmLauncher(submit_command=command)
+    for s in submit_project(project, model, run_dir, resume=not no_resume, launcher=launcher, dry_run=dry_run):
+        if dry_run:
+            typer.echo(s.script, nl=False)
+        else:
+            typer.echo(f"submitted {s.model}: job {s.job_id} (run dir {s.run_dir}, script {s.script})")
+
+
+def status(
+    project_file: Path = _PROJECT,
+    model: Optional[str] = _MODEL,
+    run_dir: Optional[Path] = _RUN_DIR,
+    set_: list[str] = _SET,
+    job: Optional[str] = typer.Option(None, "--job", help="This job id (default: each model's newest job)."),
+) -> None:
+    """Show the state of each model's newest Slurm job (exit 1 if any failed or was cancelled)."""
+    from clustertrain.launch.slurm import SlurmLauncher
+    from clustertrain.rundir import read_json
+
+    launcher = SlurmLauncher()
+    code = 0
+    for name, paths in _runs(project_file, model, run_dir, set_):
+        job_id = launcher.attach(paths, job)
+        st = launcher.status(job_id)
+        run = read_json(paths.status) or {}
+        step = f", step {run['step']}" if "step" in run else ""
+        exit_code = "" if st.exit_code is None else f", exit {st.exit_code}"
+        typer.echo(f"{name}: job {job_id} {st.state} [{st.detail}]{exit_code}, restarts {st.extra['restarts']}{step}")
+        code = max(code, 1 if st.state in ("FAILED", "CANCELLED") else 0)
+    raise typer.Exit(code)
+
+
+def logs(
+    project_file: Path = _PROJECT,
+    model: Optional[str] = _MODEL,
+    run_dir: Optional[Path] = _RUN_DIR,
+    set_: list[str] = _SET,
+    job: Optional[str] = typer.Option(None, "--job", help="This job id (default: the model's newest job)."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines until the job has ended."),
+) -> None:
+    """Print (or follow) the Slurm output file of a model's job."""
+    from clustertrain.errors import LaunchError
+    from clustertrain.launch.slurm import SlurmLauncher
+
+    runs = _runs(project_file, model, run_dir, set_)
+    if len(runs) > 1:
+        raise LaunchError(f"the project has {len(runs)} models; choose one with --model ({', '.join(n for n, _ in runs)})")
+    launcher = SlurmLauncher()
+    job_id = launcher.attach(runs[0][1], job)
+    for line in launcher.logs(job_id, follow=follow):
+        typer.echo(line)
+
+
+def cancel(
+    project_file: Path = _PROJECT,
+    model: Optional[str] = _MODEL,
+    run_dir: Optional[Path] = _RUN_DIR,
+    set_: list[str] = _SET,
+    job: Optional[str] = typer.Option(None, "--job", help="This job id (default: each model's newest job)."),
+) -> None:
+    """Cancel each model's newest Slurm job (scancel)."""
+    from clustertrain.launch.slurm import SlurmLauncher
+
+    launcher = SlurmLauncher()
+    for name, paths in _runs(project_file, model, run_dir, set_):
+        job_id = launcher.attach(paths, job)
+        launcher.cancel(job_id)
+        typer.echo(f"cancelled {name}: job {job_id}")

@@ -1,0 +1,98 @@
+"""The ``launch:`` section of the project file: how Slurm jobs are submitted and kept alive.
+
+A leaf module (it imports nothing from clustertrain but errors), so that ``project.py`` can compose it:
+``launch: LaunchConfig = Field(default_factory=LaunchConfig)``. Until the project has that field,
+read it with :func:`launch_config_of`.
+
+Example::
+
+    launch:
+      signal: USR2            # sent to the batch script signal_grace_s before the time limit
+      signal_grace_s: 300
+      max_restarts: 3         # requeues after a graceful stop (preemption, time limit)
+      exclusive: true
+      log_root: /fsx/logs     # Slurm output: <log_root>/<model>/<job name>-<job id>.out
+      env:                    # over the NCCL/EFA preset; null removes a preset variable
+        NCCL_DEBUG: WARN
+        NCCL_TUNER_PLUGIN: null
+      sbatch_args: ["--qos=high"]
+      srun_args: ["--cpu-bind=none"]
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: Signals the trainer turns into "finish the step, save, exit" (see clustertrain.train.signals).
+STOP_SIGNALS = ("USR2", "TERM")
+
+
+def _no_control_chars(value: str, what: str) -> str:
+    if "\n" in value or "\r" in value or "\0" in value:
+        raise ValueError(f"{what} {value!r} contains a newline or NUL, which cannot be rendered into a batch script")
+    return value
+
+
+class LaunchConfig(BaseModel):
+    """How `clustertrain submit` renders and submits Slurm batch jobs."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    signal: Literal["USR2", "TERM"] = Field(
+        "USR2",
+        description="Signal Slurm sends to the batch script `signal_grace_s` before the time limit (`--signal=B:SIG@s`); "
+        "the script forwards it to the ranks, which save a checkpoint and stop, then requeues the job. "
+        "USR2, not USR1: NCCL may use USR1.",
+    )
+    signal_grace_s: int = Field(
+        300, ge=10, le=86400,
+        description="Seconds before the time limit at which the signal is sent; must cover one step plus a checkpoint save.",
+    )
+    max_restarts: int = Field(
+        3, ge=0, description="How often a job stopped by the signal requeues itself (bounded by SLURM_RESTART_COUNT); 0 = never."
+    )
+    exclusive: bool = Field(True, description="Ask for whole nodes (`--exclusive`).")
+    gpu_directive: Literal["gpus-per-node", "gres"] = Field(
+        "gpus-per-node", description="How GPUs are requested: `--gpus-per-node=N`, or `--gres=gpu:N` for clusters without GPU TRES."
+    )
+    log_root: Path | None = Field(
+        None,
+        description="Directory for Slurm output files, one subdirectory per model (`<log_root>/<model>/<job>-<id>.out`). "
+        "Default: `<storage.root>/<project>/logs`.",
+    )
+    env: dict[str, str | None] = Field(
+        default_factory=dict,
+        description="Environment variables for the ranks, applied over the NCCL/EFA preset of the instance type "
+        "(clustertrain/launch/nccl_presets.yaml); `null` removes a preset variable.",
+    )
+    sbatch_args: list[str] = Field(default_factory=list, description="Extra `#SBATCH` options, e.g. `--qos=high`.")
+    srun_args: list[str] = Field(default_factory=list, description="Extra `srun` options, e.g. `--cpu-bind=none`.")
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str | None]) -> dict[str, str | None]:
+        for key, val in value.items():
+            if not ENV_NAME_RE.match(key):
+                raise ValueError(f"launch.env: {key!r} is not a valid environment variable name (letters, digits, '_')")
+            if val is not None:
+                _no_control_chars(val, f"launch.env.{key}")
+        return value
+
+    @field_validator("sbatch_args", "srun_args")
+    @classmethod
+    def _args(cls, value: list[str]) -> list[str]:
+        for arg in value:
+            _no_control_chars(arg, "launch argument")
+            if not arg.startswith("-"):
+                raise ValueError(f"launch argument {arg!r} must be an option starting with '-', e.g. --qos=high")
+        return value
+
+
+def launch_config_of(project: Any) -> LaunchConfig:
+    """The project's ``launch`` section, or the defaults when the project model has none yet."""
+    return getattr(project, "launch", None) or LaunchConfig()

@@ -1,0 +1,175 @@
+"""The Slurm batch script of one model's run: built as a value (:class:`SbatchRequest`), rendered
+from ``launch/templates/sbatch.sh.j2``.
+
+Quoting. Two syntaxes meet in a batch script:
+
+* ``#SBATCH`` lines are parsed by sbatch itself, not by a shell: arguments split at blanks, double
+  quotes group, a backslash escapes the next character, and an unescaped ``#`` starts a comment
+  (single quotes are NOT special there). :func:`sbatch_quote` writes ``"..."`` with ``\\``, ``"``
+  and ``#`` escaped.
+* Everything in the shell body goes through :func:`shlex.quote` (the ``q`` filter).
+
+No rendered string may hold a newline, carriage return or NUL (they would end a comment or a
+directive); :func:`build_request` rejects them with a :class:`~clustertrain.errors.LaunchError`.
+``%`` in Slurm file names is a pattern character, so literal ``%`` in the log directory is written ``%%``.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import jinja2
+
+from clustertrain import __version__
+from clustertrain.errors import LaunchError
+from clustertrain.launch.config import ENV_NAME_RE, LaunchConfig, launch_config_of
+from clustertrain.launch.presets import RankEnvironment, rank_environment
+from clustertrain.project import ModelEntry, Project
+
+TEMPLATES = Path(__file__).parent / "templates"
+TEMPLATE = "sbatch.sh.j2"
+OUTPUT_PATTERN = "%x-%j.out"  # job name - job id
+_BAD_CHARS = ("\n", "\r", "\0")
+
+
+@dataclass(frozen=True)
+class SbatchRequest:
+    """Everything the batch script says; a value, so that ``--dry-run`` and tests can print it."""
+
+    project: str
+    model: str
+    job_name: str
+    run_dir: Path
+    log_dir: Path
+    nodes: int
+    ntasks_per_node: int
+    python: str
+    env: RankEnvironment = field(default_factory=RankEnvironment)
+    gpus_per_node: int = 0
+    gpu_directive: str = "gpus-per-node"
+    cpus_per_task: int | None = None
+    partition: str | None = None
+    time_limit: str | None = None
+    exclusive: bool = True
+    signal: str = "USR2"
+    signal_grace_s: int = 300
+    max_restarts: int = 3
+    container_image: str | None = None
+    container_mounts: tuple[str, ...] = ()
+    sbatch_args: tuple[str, ...] = ()
+    srun_args: tuple[str, ...] = ()
+    submit_command: str = "clustertrain submit"
+    version: str = __version__
+
+    @property
+    def output(self) -> str:
+        """The ``--output`` pattern (Slurm fills in %x and %j)."""
+        return str(self.log_dir).replace("%", "%%") + "/" + OUTPUT_PATTERN
+
+    def output_for(self, job_id: str) -> Path:
+        """The output file of job ``job_id`` (what Slurm makes of :attr:`output`)."""
+        return self.log_dir / OUTPUT_PATTERN.replace("%x", self.job_name).replace("%j", str(job_id))
+
+
+def sbatch_quote(value: str) -> str:
+    """Quote one ``#SBATCH`` argument for sbatch's own parser (see the module docstring)."""
+    return '"' + re.sub(r'([\\"#])', r"\\\1", value) + '"'
+
+
+def default_log_dir(project: Project, entry: ModelEntry, launch: LaunchConfig) -> Path:
+    root = launch.log_root if launch.log_root is not None else project.storage.root / project.name / "logs"
+    return Path(root) / entry.name
+
+
+def build_request(project: Project, entry: ModelEntry, run_dir: Path, *, launch: LaunchConfig | None = None,
+                  job_name: str | None = None, python: str | None = None,
+                  submit_command: str | None = None) -> SbatchRequest:
+    """The batch request for one model. ``python`` defaults to this interpreter (``sys.executable``);
+    with a container image it is ``python`` inside the container."""
+    launch = launch or launch_config_of(project)
+    cluster = project.cluster
+    run_dir = Path(run_dir).absolute()
+    log_dir = default_log_dir(project, entry, launch).absolute()
+    env = rank_environment(cluster.instance_type, cluster.nodes, launch)
+    mounts: tuple[str, ...] = ()
+    if cluster.container_image:
+        root = Path(project.storage.root).absolute()
+        dirs = [root] + [d for d in (run_dir, log_dir) if not d.is_relative_to(root)]
+        mounts = tuple(f"{d}:{d}" for d in dict.fromkeys(dirs))
+        if env.efa:
+            mounts += ("/dev/infiniband:/dev/infiniband",)
+        for m in mounts:
+            if "," in m or m.count(":") != 1:
+                raise LaunchError(f"container mount {m!r}: paths with ',' or ':' cannot be passed to "
+                                  "--container-mounts; move storage.root / the run directory to a plain path")
+    request = SbatchRequest(
+        project=project.name, model=entry.name, job_name=job_name or f"{project.name}-{entry.name}",
+        run_dir=run_dir, log_dir=log_dir, nodes=cluster.nodes, ntasks_per_node=cluster.ranks_per_node,
+        python=python or ("python" if cluster.container_image else sys.executable), env=env,
+        gpus_per_node=cluster.gpus_per_node, gpu_directive=launch.gpu_directive, cpus_per_task=cluster.cpus_per_task,
+        partition=cluster.partition, time_limit=cluster.time_limit, exclusive=launch.exclusive,
+        signal=launch.signal, signal_grace_s=launch.signal_grace_s, max_restarts=launch.max_restarts,
+        container_image=cluster.container_image, container_mounts=mounts,
+        sbatch_args=tuple(launch.sbatch_args), srun_args=tuple(launch.srun_args),
+        submit_command=submit_command or f"clustertrain submit PROJECT --model {entry.name}",
+    )
+    check_request(request)
+    return request
+
+
+def check_request(request: SbatchRequest) -> None:
+    """Reject what cannot be rendered safely: newlines/CR/NUL anywhere, '/' in the job name."""
+    for f in fields(request):
+        for value in _strings(getattr(request, f.name)):
+            if any(c in value for c in _BAD_CHARS):
+                raise LaunchError(f"{f.name} {value!r} contains a newline or NUL; such names cannot go into a "
+                                  "batch script: rename it")
+    for name in [*request.env.set, *request.env.prepend]:
+        if not ENV_NAME_RE.match(name):
+            raise LaunchError(f"environment variable name {name!r} is not valid (letters, digits, '_')")
+    if not request.job_name or "/" in request.job_name:
+        raise LaunchError(f"job name {request.job_name!r} must be non-empty and contain no '/' "
+                          "(it becomes part of the output file name)")
+
+
+def _strings(value: object) -> list[str]:
+    if isinstance(value, (str, Path)):
+        return [str(value)]
+    if isinstance(value, RankEnvironment):
+        return [*value.set, *value.set.values(), *value.prepend, *(d for ds in value.prepend.values() for d in ds)]
+    if isinstance(value, (tuple, list)):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), trim_blocks=True, lstrip_blocks=True,
+                             undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True)
+    env.filters["q"] = lambda v: shlex.quote(str(v))
+    env.filters["sq"] = lambda v: sbatch_quote(str(v))
+    return env
+
+
+def render_script(request: SbatchRequest) -> str:
+    """The batch script text of ``request``."""
+    check_request(request)
+    return _environment().get_template(TEMPLATE).render(r=request, srun=srun_command(request),
+                                                             template=f"clustertrain/launch/templates/{TEMPLATE}")
+
+
+def srun_command(request: SbatchRequest) -> list[str]:
+    """The ``srun`` argv the script runs (unquoted; the template quotes each word)."""
+    argv = ["srun", "--kill-on-bad-exit=1", f"--nodes={request.nodes}", f"--ntasks-per-node={request.ntasks_per_node}"]
+    if request.cpus_per_task:
+        argv.append(f"--cpus-per-task={request.cpus_per_task}")  # 22.05+: srun no longer inherits it from sbatch
+    if request.container_image:
+        argv += [f"--container-image={request.container_image}",
+                 f"--container-mounts={','.join(request.container_mounts)}",
+                 f"--container-workdir={request.run_dir}", "--no-container-mount-home"]
+    argv += list(request.srun_args)
+    argv += [request.python, "-m", "clustertrain", "train", "--run-dir", str(request.run_dir), "--model", request.model]
+    return argv

@@ -1,0 +1,224 @@
+"""Slurm backend: one batch job per model's run, rendered by :mod:`clustertrain.launch.sbatch`.
+
+:class:`SlurmLauncher` implements the :class:`~clustertrain.launch.backend.Launcher` protocol:
+``submit`` writes the script to ``RUN_DIR/jobs/``, runs ``sbatch --parsable`` (returns as soon as the
+job is queued) and adds a record to ``RUN_DIR/jobs.jsonl`` (:mod:`clustertrain.launch.jobs`);
+``status`` asks the controller (``scontrol show job``) and, after the job left it, the
+jobcomp/filetxt log (:func:`clustertrain.launch.slurm_query.query_job`); ``logs`` reads (or follows)
+the job's output file; ``cancel`` runs ``scancel``. Client commands run with ``os.environ`` plus
+``env`` (``SLURM_CONF``...), so jobs inherit that environment (sbatch's default ``--export=ALL``).
+
+State mapping to :class:`JobStatus`: PENDING/REQUEUED/CONFIGURING -> PENDING; RUNNING/COMPLETING/
+SUSPENDED -> RUNNING; COMPLETED -> COMPLETED, or STOPPED when the run's ``status.json`` says the
+ranks stopped on a signal (restart budget spent); PREEMPTED -> STOPPED; CANCELLED -> CANCELLED;
+everything else that ended (FAILED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY...) -> FAILED.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from clustertrain.errors import LaunchError
+from clustertrain.launch.backend import JobStatus
+from clustertrain.launch.config import LaunchConfig
+from clustertrain.launch.prepare import run_dir_for
+from clustertrain.launch.jobs import JobRecord, add_record, find_record, new_script_path, update_record
+from clustertrain.launch.sbatch import SbatchRequest, build_request, render_script
+from clustertrain.launch.slurm_query import JobState, parse_kv_line, query_job
+from clustertrain.project import ModelEntry, Project
+from clustertrain.rundir import RunPaths, read_json, write_atomic
+
+if TYPE_CHECKING:  # launch.prepare imports torch (~3 s): status/logs/cancel must not pay for it
+    from clustertrain.launch.prepare import RunSpec
+
+POLL_S = 0.2
+_PENDING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
+_RUNNING = {"RUNNING", "COMPLETING", "SUSPENDED", "STAGE_OUT", "SIGNALING", "RESIZING", "STOPPED"}
+
+
+def to_job_status(state: JobState, run_status: dict | None = None) -> JobStatus:
+    """Slurm's view of a job -> the backend-neutral :class:`JobStatus` (mapping in the module docstring)."""
+    s = state.state
+    if s in _PENDING:
+        mapped = "PENDING"
+    elif s in _RUNNING:
+        mapped = "RUNNING"
+    elif s == "COMPLETED":
+        mapped = "STOPPED" if (run_status or {}).get("state") == "stopped" else "COMPLETED"
+    elif s == "PREEMPTED":
+        mapped = "STOPPED"
+    elif s == "CANCELLED":
+        mapped = "CANCELLED"
+    else:
+        mapped = "FAILED"
+    detail = s if not state.reason else f"{s} ({state.reason})"
+    exit_code = state.exit_code if state.exit_code is None or not state.signal else 128 + state.signal
+    return JobStatus(state.job_id, mapped, exit_code, detail, {
+        "slurm_state": s, "restarts": state.restarts, "nodes": list(state.nodes), "name": state.name,
+        "source": state.source})
+
+
+class SlurmLauncher:
+    """Submits and tracks Slurm batch jobs (one per model's run)."""
+
+    def __init__(self, env: Mapping[str, str] | None = None, launch: LaunchConfig | None = None,
+                 jobcomp_path: Path | None = None, submit_command: str | None = None) -> None:
+        self.env = dict(env or {})
+        self.launch = launch
+        self.jobcomp_path = jobcomp_path
+        self.submit_command = submit_command
+        self.runs: dict[str, RunPaths] = {}  # job id -> run dir, for jobs submitted or attached here
+
+    # -- the Launcher protocol --------------------------------------------------------------------
+
+    def submit(self, spec: "RunSpec") -> str:
+        return self.submit_request(spec.paths, self.request_for(spec.project, spec))
+
+    def status(self, job_id: str) -> JobStatus:
+        state = query_job(job_id, self.env, jobcomp_path=self.jobcomp_path)
+        paths = self.runs.get(str(job_id))
+        status = to_job_status(state, read_json(paths.status) if paths and state.finished else None)
+        if paths and state.finished:
+            record = find_record(paths, str(job_id))
+            if record is not None and record.state != state.state:
+                update_record(paths, str(job_id), state=state.state, exit_code=status.exit_code,
+                              restarts=state.restarts, ended=state.end_time.timestamp() if state.end_time else time.time())
+        elif paths:
+            record = find_record(paths, str(job_id))
+            if record is not None and record.restarts != state.restarts:
+                update_record(paths, str(job_id), restarts=state.restarts)
+        return status
+
+    def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:
+        """The lines of the job's output file; with ``follow``, new lines as they come until the job ended
+        (a requeued job appends to the same file, so following spans its restarts)."""
+        path = self.output_of(job_id)
+        offset, partial = 0, ""
+        while True:
+            finished = not follow or self.status(job_id).finished
+            try:
+                with open(path, "r", encoding="utf-8", errors="replace") as f:
+                    f.seek(offset)
+                    data = f.read()
+                    offset = f.tell()
+            except FileNotFoundError:
+                data = ""
+            lines = (partial + data).split("\n")
+            partial = lines.pop()
+            yield from lines
+            if finished:
+                if partial:
+                    yield partial
+                return
+            time.sleep(POLL_S)
+
+    def cancel(self, job_id: str) -> None:
+        self._client(["scancel", str(job_id)])
+
+    # -- beyond the protocol ----------------------------------------------------------------------
+
+    def request_for(self, project: Project, spec: "RunSpec", job_name: str | None = None) -> SbatchRequest:
+        return build_request(project, spec.entry, spec.paths.root, launch=self.launch, job_name=job_name,
+                             submit_command=self.submit_command)
+
+    def submit_request(self, paths: RunPaths, request: SbatchRequest) -> str:
+        """Write the script of ``request``, sbatch it, record the job; return the job id."""
+        script = new_script_path(paths)
+        write_atomic(script, render_script(request))
+        request.log_dir.mkdir(parents=True, exist_ok=True)  # Slurm does not create the output directory
+        proc = self._client(["sbatch", "--parsable", str(script)], cwd=paths.root)
+        job_id = proc.stdout.strip().split(";")[0]
+        if not job_id.isdigit():
+            raise LaunchError(f"sbatch printed {proc.stdout.strip()!r}, not a job id")
+        final = script.with_name(f"{script.stem}-{job_id}.sbatch")
+        os.replace(script, final)
+        add_record(paths, JobRecord(job_id=job_id, model=request.model, job_name=request.job_name,
+                                    script=str(final), output=str(request.output_for(job_id)), submitted=time.time()))
+        self.runs[job_id] = paths
+        return job_id
+
+    def attach(self, paths: RunPaths, job_id: str | None = None) -> str:
+        """Track a job recorded in ``paths`` (the newest one by default); return its id."""
+        record = find_record(paths, job_id)
+        if record is None:
+            what = f"job {job_id}" if job_id else "any job"
+            raise LaunchError(f"{paths.jobs}: no record of {what}; submit with `clustertrain submit PROJECT` first")
+        self.runs[record.job_id] = paths
+        return record.job_id
+
+    def output_of(self, job_id: str) -> Path:
+        paths = self.runs.get(str(job_id))
+        record = find_record(paths, str(job_id)) if paths else None
+        if record is not None:
+            return Path(record.output)
+        proc = self._client(["scontrol", "show", "job", "-o", str(job_id)], check=False)
+        out = parse_kv_line(proc.stdout).get("StdOut") if proc.returncode == 0 else None
+        if not out:
+            raise LaunchError(f"no output file known for job {job_id}: it has no record in a run directory "
+                              "and the controller no longer knows it; pass the project and --model")
+        return Path(out)
+
+    def wait(self, job_id: str, timeout: float | None = None, poll: float = POLL_S) -> JobStatus:
+        """Poll until the job has ended (a requeued job has not: it is PENDING again)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            status = self.status(job_id)
+            if status.finished:
+                return status
+            if deadline is not None and time.monotonic() > deadline:
+                raise LaunchError(f"Slurm job {job_id} did not end within {timeout:.0f} s (state {status.detail})")
+            time.sleep(poll)
+
+    def _client(self, argv: list[str], check: bool = True, cwd: Path | None = None) -> subprocess.CompletedProcess:
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **self.env},
+                                  cwd=cwd, timeout=60)
+        except FileNotFoundError:
+            raise LaunchError(f"`{argv[0]}` not found: install the Slurm client or fix PATH "
+                              "(for the local cluster: eval \"$(clustertrain local-slurm env)\")") from None
+        if check and proc.returncode != 0:
+            lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()] or ["no error output"]
+            raise LaunchError(f"`{' '.join(argv[:2])} ...` failed: {lines[-1]}")
+        return proc
+
+
+@dataclass
+class Submitted:
+    model: str
+    run_dir: Path
+    job_id: str | None  # None for a dry run
+    script: str
+
+
+def submit_project(project: Project, model: str | None, run_dir: Path | None, resume: bool,
+                   launcher: SlurmLauncher, dry_run: bool = False) -> list[Submitted]:
+    """Submit one job per model (``model``: just that one). Every run is prepared (and so checked) before
+    the first sbatch; the jobs are queued back to back and run concurrently when the cluster has room.
+    ``dry_run`` renders the scripts without touching a run directory or the cluster."""
+    if project.cluster.backend != "slurm":
+        raise LaunchError(f"cluster.backend is {project.cluster.backend!r}: `submit` sends Slurm jobs; set "
+                          "cluster.backend: slurm (or --set cluster.backend=slurm), or use `clustertrain run`")
+    entries = [project.model(model)] if model else list(project.models)
+    several = len(entries) > 1
+    if dry_run:
+        out = []
+        for entry in entries:
+            root = run_dir_for(project, entry, run_dir, several)
+            request = build_request(project, entry, root, launch=launcher.launch, submit_command=launcher.submit_command)
+            out.append(Submitted(entry.name, root, None, render_script(request)))
+        return out
+    from clustertrain.launch.prepare import prepare_run
+
+    specs = [prepare_run(project, e, run_dir_for(project, e, run_dir, several), resume=resume) for e in entries]
+    requests = [launcher.request_for(project, spec) for spec in specs]
+    out = []
+    for spec, request in zip(specs, requests):
+        job_id = launcher.submit_request(spec.paths, request)
+        out.append(Submitted(spec.entry.name, spec.paths.root, job_id, str(find_record(spec.paths, job_id).script)))
+    return out

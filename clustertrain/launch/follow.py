@@ -44,6 +44,7 @@ def follow_local(launcher: LocalLauncher, job_id: str, spec: RunSpec, console: C
         TextColumn("[bold]{task.fields[model]}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
         TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console, transient=False,
+        refresh_per_second=2,  # the launcher shares the cores with the ranks: redraw rarely
     )
     task = progress.add_task("train", total=cfg.max_steps, model=spec.entry.name, loss="-", tps="-")
 

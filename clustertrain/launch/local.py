@@ -23,7 +23,7 @@ from typing import Callable, Iterator
 from clustertrain.launch.backend import JobStatus
 from clustertrain.launch.prepare import RunSpec
 
-POLL_S = 0.2
+POLL_S = 0.5
 KILL_GRACE_S = 5.0
 
 

@@ -71,8 +71,12 @@ class Trainer:
         torch.manual_seed(cfg.seed + 1 + env.rank)  # per-rank dropout stream
         use_bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and device.type == "cuda")
         self.autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if use_bf16 else nullcontext
-        # control messages (stop flag) travel on a CPU group, so checking them never syncs the GPU
-        self.ctrl = dist.new_group(backend="gloo") if dist.is_initialized() and device.type == "cuda" else None
+        # The stop flag travels on its own CPU (gloo) group, asynchronously: each step boundary starts an
+        # all-reduce of this rank's flag and reads the one started a step earlier (long finished by then).
+        # Ranks therefore agree without a per-step synchronisation point, at the cost of one step of delay.
+        self.ctrl = dist.new_group(backend="gloo") if dist.is_initialized() else None
+        self._stop_flag: torch.Tensor | None = None
+        self._stop_work = None
         self.ckpt = CheckpointManager(
             paths.checkpoints, cfg.keep_last, architecture_fingerprint(project, entry), project.name, entry.name,
             env.rank, env.world_size,
@@ -128,11 +132,20 @@ class Trainer:
         return loss_sum, grad_norm
 
     def _agree_stop(self, stop: StopRequest) -> bool:
+        """True when some rank had a stop request by the previous step boundary (the same answer on every rank)."""
         if not dist.is_initialized():
             return stop.requested
-        flag = torch.tensor([1 if stop.requested else 0], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.ctrl)
-        return bool(flag.item())
+        agreed = self._finish_stop_check()
+        self._stop_flag = torch.tensor([1 if stop.requested else 0], dtype=torch.int32)
+        self._stop_work = dist.all_reduce(self._stop_flag, op=dist.ReduceOp.MAX, group=self.ctrl, async_op=True)
+        return agreed
+
+    def _finish_stop_check(self) -> bool:
+        if self._stop_work is None:
+            return False
+        self._stop_work.wait()
+        self._stop_work = None
+        return bool(self._stop_flag.item())
 
     def _save(self) -> Path:
         extra = {
@@ -184,12 +197,14 @@ class Trainer:
                     saved = self._save()
                     log(rank, f"saved checkpoint {saved}")
                 if stopping:
+                    self._finish_stop_check()
                     log(rank, f"stopped by {stop.signal_name or 'a peer rank'} after step {self.step}; "
                               f"checkpoint saved to {saved}; re-run the same command to resume")
                     return Outcome("stopped", self.step, saved, stop.signal_name)
         finally:
             if self.metrics:
                 self.metrics.close()
+        self._finish_stop_check()  # every rank has one check in flight: settle it before the group goes away
         if saved is None:
             saved = find_latest(self.paths.checkpoints)
         log(rank, f"training complete at step {self.step}; final checkpoint {saved}")

@@ -116,7 +116,10 @@ class HFTokenizer:
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def encode_batch_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
-        # one encode per text: measured faster than encode_batch when each worker process owns one core
+        # encode_batch_fast (tokenizers >= 0.21) skips offset tracking, which preprocessing never needs
+        fast = getattr(self._tok, "encode_batch_fast", None)
+        if fast is not None:
+            return [np.asarray(e.ids, dtype=np.int64) for e in fast(list(texts), add_special_tokens=False)]
         enc = self._tok.encode
         return [np.asarray(enc(t, add_special_tokens=False).ids, dtype=np.int64) for t in texts]
 

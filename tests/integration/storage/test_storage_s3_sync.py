@@ -50,12 +50,12 @@ def make_small_tree(root: Path, n: int) -> None:
 def test_round_trip_1000_small_and_large_files(tmp_path, bucket, options, s3_client):
     src, back = tmp_path / "src", tmp_path / "back"
     make_small_tree(src, 1000)
-    for i in range(2):
-        (src / f"big-{i}.bin").write_bytes(os.urandom(20 * 2**20 + 123))  # multipart at 5 MiB parts
+    for i in range(3):  # the "a few 50 MB files"
+        (src / f"big-{i}.bin").write_bytes(os.urandom(50 * 2**20 + 123))  # multipart at 5 MiB parts
         os.utime(src / f"big-{i}.bin", ns=(1_600_000_000_123_456_789, 1_600_000_000_123_456_789))
     url = f"s3://{bucket}/run1"
     up = backup_directory(src, url, options=options, jobs=8)
-    assert up.ok and up.sync.transferred_files == 1002 and up.sync.manifest_written
+    assert up.ok and up.sync.transferred_files == 1003 and up.sync.manifest_written
     head = s3_client.head_object(Bucket=bucket, Key="run1/big-0.bin", ChecksumMode="ENABLED")
     big_sha = hashlib.sha256((src / "big-0.bin").read_bytes()).hexdigest()
     assert head["Metadata"]["sha256"] == big_sha and head.get("ChecksumSHA256")  # S3 kept its own (per-part) SHA256
@@ -65,7 +65,7 @@ def test_round_trip_1000_small_and_large_files(tmp_path, bucket, options, s3_cli
     again = sync(src, url, options=options)
     assert again.transferred_bytes == 0 and not again.manifest_written and again.hashed_files == 0
     down = restore_directory(url, back, options=options)
-    assert down.transferred_files == 1002
+    assert down.transferred_files == 1003
     assert tree_files(back) == tree_files(src)
     assert (back / "big-1.bin").stat().st_mtime_ns == (src / "big-1.bin").stat().st_mtime_ns
     assert restore_directory(url, back, options=options).transferred_bytes == 0

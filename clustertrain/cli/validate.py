@@ -123,3 +123,73 @@ def storage(
         _fail(e)
     typer.echo(run.model_dump_json(indent=2) if json_out else storage_table(run))
     raise typer.Exit(1 if run.failed else 0)
+
+
+@app.command()
+def suite(
+    project_file: Annotated[Path, typer.Argument(metavar="PROJECT", help="Project file (cluster, storage, launch).")],
+    nodes: Annotated[str, typer.Option(help="Nodes per multi-node job: a count (2, 10) or 'all' (the partition).")] = "2",
+    timeout: Annotated[float, typer.Option(help="Per-job limit once running, seconds; then cancelled = fail.")] = 600.0,
+    start_timeout: Annotated[float, typer.Option(help="Per-job limit while pending, seconds.")] = 600.0,
+    ops: Annotated[str, typer.Option(help="Collectives, comma-separated.")] = "all_reduce,all_gather,broadcast,reduce,reduce_scatter,alltoall",
+    min_bytes: Annotated[str, typer.Option(help="Smallest collective size.")] = "8",
+    max_bytes: Annotated[str, typer.Option(help="Largest collective size (bands need e.g. 1G+ on GPUs).")] = "64M",
+    iters: Annotated[int, typer.Option(help="Timed iterations per size.")] = 10,
+    warmup: Annotated[int, typer.Option(help="Warm-up iterations per size.")] = 5,
+    op_timeout: Annotated[float, typer.Option(help="Per-operation (and rendezvous) timeout of the collectives, s.")] = 60.0,
+    storage_size: Annotated[str, typer.Option(help="Data written then read per mount: 64M, 1G...")] = "256M",
+    storage_files: Annotated[int, typer.Option(help="Files for the metadata rates.")] = 1000,
+    engine: Annotated[str, typer.Option(help="Storage engine: auto, fio or python.")] = "auto",
+    thresholds: Annotated[Path | None, typer.Option(help="Thresholds YAML (default: the bundled table).")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a project key: KEY=VALUE.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the batch scripts; submit nothing.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    inject_fault: Annotated[str | None, typer.Option(hidden=True, help="Rehearsal only: collectives fault, e.g. absent:1.")] = None,
+) -> None:
+    """Run smoke, GPU/EFA, collectives and storage checks as Slurm jobs; one report; exit 1 when a check fails."""
+    from clustertrain.launch.slurm import SlurmLauncher
+    from clustertrain.project import load_project
+    from clustertrain.validate import CollectivesConfig, StorageBenchConfig, ValidateError, parse_size
+    from clustertrain.validate import suite as s
+
+    try:
+        project = load_project(project_file, set_ or [])
+        if engine not in ("auto", "fio", "python"):
+            raise ValidateError(f"--engine {engine!r} is unknown; valid engines are: auto, fio, python")
+        launcher = SlurmLauncher(launch=project.launch)
+        count = s.resolve_nodes(nodes, project, s.partition_nodes(launcher.env, project.cluster.partition))
+        try:
+            cfg = s.SuiteConfig(
+                nodes=count, job_timeout_s=timeout, start_timeout_s=start_timeout,
+                collectives=CollectivesConfig(ops=[o.strip() for o in ops.split(",") if o.strip()],
+                                              min_bytes=parse_size(min_bytes), max_bytes=parse_size(max_bytes),
+                                              iters=iters, warmup=warmup, timeout_s=op_timeout, fault=inject_fault),
+                storage=StorageBenchConfig(size_mib=max(parse_size(storage_size) // (1 << 20), 1), files=storage_files,
+                                           engine=engine))
+        except ValidationError as e:
+            err = e.errors()[0]
+            raise ValidateError(f"--{'-'.join(str(x) for x in err['loc'][-1:])}: "
+                                f"{err['msg'].removeprefix('Value error, ')}") from None
+        cfg.collectives.sizes()
+        table = s.load_thresholds(thresholds)
+        if dry_run:
+            paths = s.SuitePaths(project.storage.root / "validation" / project.name / "DRY-RUN")
+            jobs, skipped = s.plan_suite(project, cfg, paths)
+            for job in jobs:
+                typer.echo(f"# ---- {job.name}: {paths.script(job.name)}\n{s.render_job(job, paths)}")
+            for name in skipped:
+                typer.echo(f"# ---- {name}: not applicable: gpus_per_node={project.cluster.gpus_per_node}")
+            raise typer.Exit(0)
+        report = s.run_suite(project, cfg, launcher, thresholds=table)
+    except ClusterTrainError as e:
+        _fail(e)
+    if json_out:
+        typer.echo(report.model_dump_json(indent=2))
+    else:
+        from rich.console import Console
+
+        console = Console(width=160)
+        console.print(s.suite_table(report))
+        console.print(f"verdict: {'FAILED' if report.failed else 'OK'}; report: {Path(report.directory) / 'report.json'}",
+                      markup=False, highlight=False)
+    raise typer.Exit(1 if report.failed else 0)

@@ -68,7 +68,7 @@ class SbatchRequest:
     @property
     def output(self) -> str:
         """The ``--output`` pattern (Slurm fills in %x and %j)."""
-        return str(self.log_dir).replace("%", "%%") + "/" + OUTPUT_PATTERN
+        return slurm_filename(self.log_dir) + "/" + OUTPUT_PATTERN
 
     def output_for(self, job_id: str) -> Path:
         """The output file of job ``job_id`` (what Slurm makes of :attr:`output`)."""
@@ -78,6 +78,28 @@ class SbatchRequest:
 def sbatch_quote(value: str) -> str:
     """Quote one ``#SBATCH`` argument for sbatch's own parser (see the module docstring)."""
     return '"' + re.sub(r'([\\"#])', r"\\\1", value) + '"'
+
+
+def slurm_filename(path: str | Path) -> str:
+    """``path`` for a Slurm file name pattern (``--output``, ``srun --output``): literal ``%`` written ``%%``."""
+    return str(path).replace("%", "%%")
+
+
+def check_renderable(what: str, value: object) -> None:
+    """Raise :class:`LaunchError` when ``value`` (a string, path or list of them) holds a newline, CR or NUL,
+    which no batch script can carry; ``what`` names the field in the message."""
+    for text in _strings(value):
+        if any(c in text for c in _BAD_CHARS):
+            raise LaunchError(f"{what} {text!r} contains a newline or NUL; such names cannot go into a "
+                              "batch script: rename it")
+
+
+def render_template(template: str, **context: object) -> str:
+    """Render another ``launch/templates/*.j2`` with the filters of the training script (``q``: shell
+    quoting with :func:`shlex.quote`; ``sq``: :func:`sbatch_quote`); ``template`` (the template's path in
+    the package) is passed for the header. Callers check their values with :func:`check_renderable`."""
+    return _environment().get_template(template).render(template=f"clustertrain/launch/templates/{template}",
+                                                        **context)
 
 
 def default_log_dir(project: Project, entry: ModelEntry, launch: LaunchConfig) -> Path:
@@ -124,10 +146,7 @@ def build_request(project: Project, entry: ModelEntry, run_dir: Path, *, launch:
 def check_request(request: SbatchRequest) -> None:
     """Reject what cannot be rendered safely: newlines/CR/NUL anywhere, '/' in the job name."""
     for f in fields(request):
-        for value in _strings(getattr(request, f.name)):
-            if any(c in value for c in _BAD_CHARS):
-                raise LaunchError(f"{f.name} {value!r} contains a newline or NUL; such names cannot go into a "
-                                  "batch script: rename it")
+        check_renderable(f.name, getattr(request, f.name))
     for name in [*request.env.set, *request.env.prepend]:
         if not ENV_NAME_RE.match(name):
             raise LaunchError(f"environment variable name {name!r} is not valid (letters, digits, '_')")

@@ -31,10 +31,10 @@ from clustertrain.launch.prepare import run_dir_for
 from clustertrain.launch.jobs import JobRecord, add_record, find_record, new_script_path, update_record
 from clustertrain.launch.sbatch import SbatchRequest, build_request, render_script
 from clustertrain.launch.slurm_query import JobState, parse_kv_line, query_job
-from clustertrain.project import ModelEntry, Project
+from clustertrain.project import Project
 from clustertrain.rundir import RunPaths, read_json, write_atomic
 
-if TYPE_CHECKING:  # launch.prepare imports torch (~3 s): status/logs/cancel must not pay for it
+if TYPE_CHECKING:
     from clustertrain.launch.prepare import RunSpec
 
 POLL_S = 0.2

@@ -181,7 +181,7 @@ def test_cli_submit_status_logs_cancel(local_slurm, slurm_project):
     assert sub.stdout.startswith(f"submitted tiny: job {job_id} (run dir {run}")
     slurm = SlurmLauncher(env=local_slurm.env())
     assert slurm.wait(slurm.attach(RunPaths(run)), timeout=90).state == "COMPLETED"
-    # status and logs side by side (each CLI start imports torch through launch.prepare: ~4 s)
+    # status and logs side by side
     status_p, logs_p = (subprocess.Popen([sys.executable, "-m", "clustertrain", cmd, str(path)], stdout=subprocess.PIPE, text=True,
                                          env=client_env(local_slurm)) for cmd in ("status", "logs"))
     st, lg = status_p.communicate(timeout=60)[0], logs_p.communicate(timeout=60)[0]

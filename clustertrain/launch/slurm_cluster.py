@@ -328,7 +328,11 @@ class LocalSlurmCluster:
         while True:
             record = self._read_record() or {}
             for name, pid in record.get("pids", {}).items():
-                if not _is_ours(pid, self.paths):
+                # A daemon we just spawned may not have exec'd yet (its /proc entry still shows this
+                # process's command line and environment): ask its Popen instead of /proc.
+                child = self._children.get(pid)
+                gone = child.poll() is not None if child is not None else not _is_ours(pid, self.paths)
+                if gone:
                     raise LaunchError(f"local Slurm: {name} exited during start-up; "
                                       f"{_log_tail(self._log_of(name))}")
             proc = self._client(["scontrol", "show", "node", "-o"], check=False)
@@ -351,8 +355,9 @@ class LocalSlurmCluster:
                 _wait_for(lambda: not _find_ours(self.paths, {"slurmstepd"}), 5.0, None, None)
         order = [n for n in pids if n.startswith("slurmd-")] + ["slurmctld", "munged"]
         for name in order:
-            if pids.get(name) and _is_ours(pids[name], self.paths):
-                self._stop_pid(pids[name])
+            pid = pids.get(name)
+            if pid and (pid in self._children or _is_ours(pid, self.paths)):  # our Popen: ours even before exec
+                self._stop_pid(pid)
         for pid in _find_ours(self.paths, set(_DAEMON_NAMES)):  # stragglers: steps, unrecorded daemons
             self._stop_pid(pid)
         link = self.paths.short_root

@@ -15,8 +15,9 @@ from tests.support.s3server import dummy_env, s3_server
 @pytest.fixture(scope="session")
 def s3_endpoint():
     saved = dict(os.environ)
+    env = dummy_env()  # this environment with dummy credentials for boto3's chain; nothing real is reachable
     os.environ.clear()
-    os.environ.update(dummy_env())  # dummy credentials for boto3's chain; nothing real is reachable
+    os.environ.update(env)
     try:
         with s3_server() as endpoint:
             yield endpoint

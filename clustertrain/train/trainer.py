@@ -85,26 +85,32 @@ class Trainer:
         if env.rank == 0:
             clean_stale(paths.checkpoints)
         if resume:
-            check_ownership(paths.checkpoints, self.ckpt.fingerprint, project.name, entry.name)
-        latest = find_latest(paths.checkpoints) if resume else None
-        if latest is not None:
-            meta, extra = self.ckpt.load(latest, model, self.optimizer)
-            self.step = int(meta["step"])
-            if extra is not None:
-                torch.set_rng_state(extra["rng_cpu"])
-                if device.type == "cuda" and extra.get("rng_cuda") is not None:
-                    torch.cuda.set_rng_state(extra["rng_cuda"], device)
-                self.scheduler.load_state_dict(extra["scheduler"])
-            else:
-                self.scheduler.last_epoch = self.step
-                self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
-                log(env.rank, f"world size changed since the checkpoint ({meta['world_size']} -> {env.world_size}): RNG streams restart")
-            log(env.rank, f"resumed from {latest} (step {self.step})")
+            self._resume()
         self.metrics = (
             MetricsWriter(paths.metrics, paths.tensorboard, self.step) if env.rank == 0 else None
         )
         peak = peak_flops_for(torch.cuda.get_device_name(device) if device.type == "cuda" else None)
         self.peak_total = peak * env.world_size if peak else None
+
+    def _resume(self) -> None:
+        """Continue from the latest complete checkpoint, if there is one (model, optimizer, scheduler, RNG, step)."""
+        check_ownership(self.paths.checkpoints, self.ckpt.fingerprint, self.project.name, self.entry.name)
+        latest = find_latest(self.paths.checkpoints)
+        if latest is None:
+            return
+        meta, extra = self.ckpt.load(latest, self.raw_model, self.optimizer)
+        self.step = int(meta["step"])
+        if extra is not None:
+            torch.set_rng_state(extra["rng_cpu"])
+            if self.device.type == "cuda" and extra.get("rng_cuda") is not None:
+                torch.cuda.set_rng_state(extra["rng_cuda"], self.device)
+            self.scheduler.load_state_dict(extra["scheduler"])
+        else:
+            self.scheduler.last_epoch = self.step
+            self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
+            log(self.env.rank, f"world size changed since the checkpoint ({meta['world_size']} -> "
+                               f"{self.env.world_size}): RNG streams restart")
+        log(self.env.rank, f"resumed from {latest} (step {self.step})")
 
     # ------------------------------------------------------------------
     def _batch(self, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,9 +126,10 @@ class Trainer:
         for micro in range(self.accum):
             x, y = self._batch(micro)
             sync = micro == self.accum - 1 or not isinstance(self.model, DDP)
-            with (nullcontext() if sync else self.model.no_sync()), self.autocast():
-                loss = self.model(x, y) / self.accum
-            loss.backward()
+            with nullcontext() if sync else self.model.no_sync():  # all-reduce gradients on the last micro-step only
+                with self.autocast():
+                    loss = self.model(x, y) / self.accum
+                loss.backward()
             loss_sum += loss.detach()
         max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), max_norm)

@@ -282,15 +282,7 @@ def load_project(path: str | Path, overrides: list[str] | None = None) -> Projec
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: project file not found (pass the path to a YAML file, e.g. examples/quickstart.yaml)")
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"{path}{where}: YAML syntax error: {problem}; fix the YAML at that position") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not UTF-8 text; save the project file as UTF-8") from None
+    raw = read_yaml(path)
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the project file must be a YAML mapping with keys name, cluster, storage, models")
     for item in overrides or []:
@@ -306,6 +298,19 @@ def load_project(path: str | Path, overrides: list[str] | None = None) -> Projec
         if m.data.tokenizer != "byte" and not Path(m.data.tokenizer.removeprefix("hf:")).is_absolute():
             m.data.tokenizer = str(base / m.data.tokenizer.removeprefix("hf:"))
     return project
+
+
+def read_yaml(path: Path) -> Any:
+    """Parse a user's YAML file; syntax and encoding errors become one line naming file:line:column."""
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{path}{where}: YAML syntax error: {problem}; fix the YAML at that position") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text; save it as UTF-8") from None
 
 
 def validate_project(raw: dict[str, Any], source: str = "project") -> Project:

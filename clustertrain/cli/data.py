@@ -85,7 +85,3 @@ def train_tokenizer_cmd(
     with _user_errors():
         tok = train_tokenizer(inputs, vocab_size, output, json_key=json_key)
     out.print(f"{output}: {tok.vocab_size:,} tokens, eod {tok.eod}, identity {tok.identity}")
-
-
-if __name__ == "__main__":
-    app()

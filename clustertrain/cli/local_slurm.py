@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from clustertrain.errors import ClusterTrainError
+from clustertrain.cli.common import user_errors
 from clustertrain.launch.slurm_cluster import LocalSlurmCluster
 
 app = typer.Typer(help="Start, inspect and stop a local Slurm cluster (slurmctld + emulated nodes on 127.0.0.1).",
@@ -22,22 +22,15 @@ def default_state_dir() -> Path:
     return Path(os.environ.get(STATE_DIR_ENV) or "~/.clustertrain/local-slurm").expanduser()
 
 
-def _fail(exc: ClusterTrainError) -> typer.Exit:
-    typer.echo(f"error: {exc}", err=True)
-    return typer.Exit(exc.exit_code)
-
-
 @app.command()
 def up(nodes: int = typer.Option(2, "--nodes", help="Number of emulated nodes"),
        cpus_per_node: int = typer.Option(None, "--cpus-per-node", help="CPUs each node declares [default: this machine's]"),
        gpus_per_node: int = typer.Option(0, "--gpus-per-node", help="Fake GPUs (gres) per node"),
        state_dir: Path = typer.Option(None, "--state-dir", help=_STATE_HELP)) -> None:
     """Start the cluster (or reuse the one running in the state dir) and wait until all nodes are idle."""
-    try:
+    with user_errors():
         status = LocalSlurmCluster(state_dir or default_state_dir(), nodes=nodes, cpus_per_node=cpus_per_node,
                                    gpus_per_node=gpus_per_node).up()
-    except ClusterTrainError as exc:
-        raise _fail(exc) from None
     typer.echo(status.describe())
     typer.echo(f"use it with: eval \"$(clustertrain local-slurm env --state-dir {shlex.quote(str(status.state_dir))})\"")
 
@@ -45,20 +38,16 @@ def up(nodes: int = typer.Option(2, "--nodes", help="Number of emulated nodes"),
 @app.command()
 def down(state_dir: Path = typer.Option(None, "--state-dir", help=_STATE_HELP)) -> None:
     """Cancel all jobs and stop every daemon of the cluster."""
-    try:
+    with user_errors():
         LocalSlurmCluster(state_dir or default_state_dir()).down()
-    except ClusterTrainError as exc:
-        raise _fail(exc) from None
     typer.echo("stopped")
 
 
 @app.command()
 def status(state_dir: Path = typer.Option(None, "--state-dir", help=_STATE_HELP)) -> None:
     """Show daemons and node states; exit 1 when the cluster is not running."""
-    try:
+    with user_errors():
         result = LocalSlurmCluster(state_dir or default_state_dir()).status()
-    except ClusterTrainError as exc:
-        raise _fail(exc) from None
     typer.echo(result.describe())
     raise typer.Exit(0 if result.running else 1)
 
@@ -66,9 +55,7 @@ def status(state_dir: Path = typer.Option(None, "--state-dir", help=_STATE_HELP)
 @app.command()
 def env(state_dir: Path = typer.Option(None, "--state-dir", help=_STATE_HELP)) -> None:
     """Print `export` lines for the Slurm clients: eval "$(clustertrain local-slurm env)"."""
-    try:
+    with user_errors():
         variables = LocalSlurmCluster(state_dir or default_state_dir()).env()
-    except ClusterTrainError as exc:
-        raise _fail(exc) from None
     for key, value in variables.items():
         typer.echo(f"export {key}={shlex.quote(value)}")

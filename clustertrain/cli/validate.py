@@ -10,15 +10,10 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
-from clustertrain.errors import ClusterTrainError
+from clustertrain.cli.common import user_errors
 
 app = typer.Typer(help="Validate a cluster: environment scans, NCCL/gloo collectives, storage, benchmark logs.",
                   no_args_is_help=True)
-
-
-def _fail(e: ClusterTrainError) -> None:
-    typer.echo(f"error: {e}", err=True)
-    raise typer.Exit(e.exit_code)
 
 
 @app.command()
@@ -31,10 +26,8 @@ def scan(
     """Check this node against the requirements table; exit 1 when a check fails."""
     from clustertrain.validate import load_requirements, scan as do_scan, scan_table
 
-    try:
+    with user_errors():
         report = do_scan(role, instance_type, load_requirements(requirements))
-    except ClusterTrainError as e:
-        _fail(e)
     typer.echo(report.model_dump_json(indent=2) if json_out else scan_table(report))
     raise typer.Exit(1 if report.failed else 0)
 
@@ -59,7 +52,7 @@ def collectives(
         CollectivesConfig, ValidateError, collectives_csv, collectives_table, job_env, parse_size, run_collectives,
     )
 
-    try:
+    with user_errors():
         try:
             spec = CollectivesConfig(ops=[o.strip() for o in ops.split(",") if o.strip()], min_bytes=parse_size(min_bytes),
                                      max_bytes=parse_size(max_bytes), factor=factor, iters=iters, warmup=warmup,
@@ -69,8 +62,6 @@ def collectives(
             raise ValidateError(f"--{'-'.join(str(x) for x in err['loc'])}: {err['msg'].removeprefix('Value error, ')}") from None
         run = run_collectives(spec)
         env = job_env()
-    except ClusterTrainError as e:
-        _fail(e)
     if env is None or env.rank == 0:
         typer.echo(run.model_dump_json(indent=2) if json_out else collectives_table(run))
         if csv_file:
@@ -92,10 +83,8 @@ def parse(
     """Parse a benchmark log (tool detected from the content); exit 1 when it shows a failure."""
     from clustertrain.validate import collectives_table, parse_output_file, storage_table
 
-    try:
+    with user_errors():
         run = parse_output_file(file)
-    except ClusterTrainError as e:
-        _fail(e)
     if json_out:
         typer.echo(run.model_dump_json(indent=2))
     else:
@@ -114,13 +103,11 @@ def storage(
     """Sequential write/read throughput and create/stat/unlink rates per path; exit 1 on failure."""
     from clustertrain.validate import StorageBenchConfig, ValidateError, parse_size, run_storage_bench, storage_table
 
-    try:
+    with user_errors():
         if engine not in ("auto", "fio", "python"):
             raise ValidateError(f"--engine {engine!r} is unknown; valid engines are: auto, fio, python")
         cfg = StorageBenchConfig(size_mib=max(parse_size(size) // (1024 * 1024), 1), files=files, engine=engine)
         run = run_storage_bench(list(paths), cfg)
-    except ClusterTrainError as e:
-        _fail(e)
     typer.echo(run.model_dump_json(indent=2) if json_out else storage_table(run))
     raise typer.Exit(1 if run.failed else 0)
 
@@ -152,7 +139,7 @@ def suite(
     from clustertrain.validate import CollectivesConfig, StorageBenchConfig, ValidateError, parse_size
     from clustertrain.validate import suite as s
 
-    try:
+    with user_errors():
         project = load_project(project_file, set_ or [])
         if engine not in ("auto", "fio", "python"):
             raise ValidateError(f"--engine {engine!r} is unknown; valid engines are: auto, fio, python")
@@ -181,8 +168,6 @@ def suite(
                 typer.echo(f"# ---- {name}: not applicable: gpus_per_node={project.cluster.gpus_per_node}")
             raise typer.Exit(0)
         report = s.run_suite(project, cfg, launcher, thresholds=table)
-    except ClusterTrainError as e:
-        _fail(e)
     if json_out:
         typer.echo(report.model_dump_json(indent=2))
     else:

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from clustertrain.cloud.catalog import InstanceCatalog
 from clustertrain.cloud.rules import Finding, check_cluster_config
@@ -156,12 +155,9 @@ def validate_cluster_config(config: dict[str, Any], use_schema: bool = True, cat
 def read_cluster_config(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"{path}: file not found; pass a ParallelCluster config or a clustertrain project file")
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
-        raise ConfigError(f"{path}{where}: YAML syntax error: {getattr(e, 'problem', None) or e}; fix the YAML there") from None
+    from clustertrain.project import read_yaml  # project.py composes cloud/config.py: import it late
+
+    raw = read_yaml(path)
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a YAML mapping (a ParallelCluster config or a clustertrain project)")
     return raw

@@ -32,6 +32,26 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+_SLURM_TIME_RE = re.compile(r"^(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)$")
+
+
+def slurm_time_seconds(text: str) -> int | None:
+    """Seconds of a Slurm time string (sbatch --time formats), or None when it is not one.
+    ``UNLIMITED``/``INFINITE`` are not accepted: a job needs a limit for the stop signal to arrive."""
+    m = _SLURM_TIME_RE.match(text.strip())
+    if not m:
+        return None
+    if m.group(1) is not None:  # D-HH[:MM[:SS]]
+        d, h, mi, se = (int(g) if g else 0 for g in m.group(1, 2, 3, 4))
+        return ((d * 24 + h) * 60 + mi) * 60 + se
+    a, b, c = m.group(5, 6, 7)
+    if c is not None:  # HH:MM:SS
+        return (int(a) * 60 + int(b)) * 60 + int(c)
+    if b is not None:  # MM:SS
+        return int(a) * 60 + int(b)
+    return int(a) * 60  # MINUTES
+
+
 def _check_name(value: str, what: str) -> str:
     if not NAME_RE.match(value):
         raise ValueError(
@@ -57,13 +77,32 @@ class ClusterConfig(StrictModel):
         None, description="Container image for Pyxis/Enroot (`--container-image`), e.g. `/fsx/images/train.sqsh`. None: run on the host."
     )
     cpus_per_task: int | None = Field(None, ge=1, description="CPUs per rank for Slurm (`--cpus-per-task`).")
-    time_limit: str | None = Field(None, description="Slurm time limit, e.g. `48:00:00`.")
+    time_limit: str | None = Field(
+        None, description="Slurm time limit as a quoted string: `MINUTES`, `MM:SS`, `HH:MM:SS`, `D-HH`, `D-HH:MM` or `D-HH:MM:SS`, "
+        "e.g. `\"48:00:00\"` (unquoted, YAML reads 48:00:00 as a base-60 number).",
+    )
     threads_per_worker: int | None = Field(
         None, ge=1, description="torch intra-op threads per CPU worker. Default: the machine's cores divided by the workers."
     )
     master_port: int | None = Field(
         None, ge=1024, le=65535, description="Rendezvous port for local runs. Default: a free port."
     )
+
+    @field_validator("time_limit", mode="before")
+    @classmethod
+    def _time_limit(cls, v: Any) -> Any:
+        if isinstance(v, bool) or isinstance(v, (int, float)):
+            raise ValueError(
+                f"time_limit must be a quoted string such as \"48:00:00\"; YAML read the unquoted value as the number {v!r} "
+                "(it parses 48:00:00 as base 60): put quotes around it"
+            )
+        if isinstance(v, str) and slurm_time_seconds(v) is None:
+            raise ValueError(f"time_limit {v!r} is not a Slurm time: use MINUTES, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS, e.g. \"48:00:00\"")
+        return v
+
+    @property
+    def time_limit_seconds(self) -> int | None:
+        return None if self.time_limit is None else slurm_time_seconds(self.time_limit)
 
     @property
     def ranks_per_node(self) -> int:
@@ -89,11 +128,34 @@ class ClusterConfig(StrictModel):
 class StorageConfig(StrictModel):
     root: Path = Field(
         Path("./runs"),
-        description="Directory that plays the shared file system: `/fsx` on a cluster, `./runs` locally. Run directories and prepared data live below it.",
+        description="Directory below which runs and prepared data live when nothing more specific is set: `./runs` locally. "
+        "In a project with an `aws:` section each kind of data goes to the shared file system whose `aws.fsx[].holds` names it, "
+        "and `root` is used only for kinds that no shared file system holds (it must then be on one).",
+    )
+    datasets: Path | None = Field(
+        None, description="Where prepared datasets are cached. Default: `<mount>/datasets` of the `aws.fsx` file system that "
+        "holds `datasets`, else `<root>/datasets`. On a cluster it must be on a shared file system (see docs/storage.md, layout).",
+    )
+    runs: Path | None = Field(
+        None, description="Base of the run directories `<runs>/<project>/<model>/` (config, checkpoints, metrics, job records). "
+        "Default: the mount of the `aws.fsx` file system that holds `checkpoints`, else `root`.",
+    )
+    logs: Path | None = Field(
+        None, description="Base of the Slurm output files `<logs>/<project>/<model>/<job>-<id>.out`. Default: the mount of the "
+        "`aws.fsx` file system that holds `logs`, else `<root>/<project>/logs/<model>/`.",
+    )
+    tensorboard: Path | None = Field(
+        None, description="Base of the TensorBoard event directories `<tensorboard>/<project>/<model>/`. Default: the mount of "
+        "the `aws.fsx` file system that holds `tensorboard`, else `tensorboard/` inside each run directory.",
+    )
+    outputs: Path | None = Field(
+        None, description="Base of validation-suite results and storage benchmarks `<outputs>/<project>/validation/`. Default: "
+        "the mount of the `aws.fsx` file system that holds `outputs`, else `root`.",
     )
     data_bucket: str | None = Field(None, description="`s3://bucket/prefix` where prepared datasets are published (`clustertrain data prepare --publish`); a model reads one with `data.source: s3://...`.")
     checkpoint_bucket: str | None = Field(
-        None, description="`s3://bucket/prefix` (or a local path) where the final checkpoint is backed up after a successful run (optional)."
+        None, description="`s3://bucket/prefix` (or a local path) where checkpoints are backed up (optional). "
+        "Default: `s3://<aws.buckets.checkpoints>/checkpoints` when the aws: section names a checkpoint bucket.",
     )
     endpoint_url: str | None = Field(None, description="S3-compatible endpoint URL (default: AWS, or AWS_ENDPOINT_URL).")
     region: str | None = Field(None, description="AWS region of the buckets.")
@@ -289,8 +351,17 @@ def load_project(path: str | Path, overrides: list[str] | None = None) -> Projec
         apply_override(raw, item)
     project = validate_project(raw, source=str(path))
     base = path.resolve().parent
-    if not project.storage.root.is_absolute():
-        project.storage.root = (base / project.storage.root).resolve()
+    storage = project.storage
+    for key in ("root", "datasets", "runs", "logs", "tensorboard", "outputs"):
+        value = getattr(storage, key)
+        if value is not None and not value.is_absolute():
+            setattr(storage, key, (base / value).resolve())
+    if storage.checkpoint_bucket is None and project.aws is not None and project.aws.buckets.checkpoints:
+        storage.checkpoint_bucket = f"s3://{project.aws.buckets.checkpoints}/checkpoints"
+    if storage.data_bucket is None and project.aws is not None and project.aws.buckets.data:
+        storage.data_bucket = f"s3://{project.aws.buckets.data}/datasets"
+    if storage.region is None and project.aws is not None:
+        storage.region = project.aws.region
     for m in project.models:
         src = m.data.source
         if not src.startswith(("builtin:", "s3://")) and not Path(src).is_absolute():

@@ -11,6 +11,7 @@ import typer
 from pydantic import ValidationError
 
 from clustertrain.cli.common import user_errors
+from clustertrain.layout import storage_layout
 
 app = typer.Typer(help="Validate a cluster: environment scans, NCCL/gloo collectives, storage, benchmark logs.",
                   no_args_is_help=True)
@@ -160,7 +161,7 @@ def suite(
         cfg.collectives.sizes()
         table = s.load_thresholds(thresholds)
         if dry_run:
-            paths = s.SuitePaths(project.storage.root / "validation" / project.name / "DRY-RUN")
+            paths = s.SuitePaths(storage_layout(project).validation_dir() / "DRY-RUN")
             jobs, skipped = s.plan_suite(project, cfg, paths)
             for job in jobs:
                 typer.echo(f"# ---- {job.name}: {paths.script(job.name)}\n{s.render_job(job, paths)}")

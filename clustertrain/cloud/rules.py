@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from clustertrain.cloud.catalog import INSTANCE_TYPE_RE, InstanceCatalog, load_catalog
+from clustertrain.findings import Finding, Level  # noqa: F401 - re-exported for cloud's callers
 from clustertrain.cloud.config import (
     FSX_DEPLOYMENT_TYPES,
     QUEUE_NAME_RE,
@@ -22,23 +22,10 @@ from clustertrain.cloud.config import (
     fsx_throughput_problem,
 )
 
-Level = Literal["error", "warning"]
 PLACEHOLDER_RE = re.compile(r"(x{6,}|-([a-z])\2{5,}$|your[-_]|YOUR_|<[^>]+>|CHANGE_?ME|REPLACE_?ME)", re.IGNORECASE)
 SECRET_RE = re.compile(r"(AKIA|ASIA)[0-9A-Z]{16}|-----BEGIN [A-Z ]*PRIVATE KEY-----")
 RESERVED_MOUNTS = {"/", "/home", "/opt", "/opt/slurm", "/opt/parallelcluster", "/opt/intel", "/etc", "/usr", "/var",
                    "/tmp", "/root", "/boot", "/proc", "/sys", "/dev", "/scratch"}
-
-
-@dataclass(frozen=True)
-class Finding:
-    level: Level
-    path: str
-    message: str
-    fix: str
-    source: str = "clustertrain"
-
-    def __str__(self) -> str:
-        return f"{self.level}: {self.path}: {self.message}; fix: {self.fix}"
 
 
 def _p(*parts: object) -> str:

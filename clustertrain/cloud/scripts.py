@@ -4,11 +4,9 @@ Every value rendered into shell goes through ``shlex.quote``. Scripts are render
 (:func:`render_node_scripts`), then written file by file with a temp-and-rename
 (:func:`write_node_scripts`), so a bad project never leaves a half-written directory.
 
-Directory layout on the shared file systems (the format this module owns)::
-
-    <mount of kind>/<model>/<kind>     kind in datasets, checkpoints, outputs, logs, tensorboard
-
-where ``aws.fsx[].holds`` says which file system holds which kind (unnamed kinds: the first one).
+Directories on the shared file systems: ``setup-dirs.sh`` creates exactly what the jobs use, as
+:mod:`clustertrain.layout` derives it from the project (``aws.fsx[].holds`` says which file system
+holds which kind of data).
 """
 
 from __future__ import annotations
@@ -20,9 +18,9 @@ from typing import TYPE_CHECKING
 
 import jinja2
 
-from clustertrain.cloud.config import DIR_KINDS
 from clustertrain.cloud.pcluster import COMPUTE_SCRIPT, HEAD_SCRIPT, SETUP_DIRS_SCRIPT, dir_owner, require_aws, scripts_uri
 from clustertrain.errors import ConfigError
+from clustertrain.layout import off_mount_problems, project_dirs
 
 if TYPE_CHECKING:
     from clustertrain.project import Project
@@ -41,19 +39,16 @@ def _env() -> jinja2.Environment:
 
 
 def model_dirs(project: "Project") -> list[str]:
-    """Every directory setup-dirs.sh creates, parents before children."""
+    """Every directory setup-dirs.sh creates, parents before children: exactly the directories the
+    project's jobs use (:func:`clustertrain.layout.project_dirs`)."""
     aws = require_aws(project)
-    layout = aws.layout()
-    if not layout:
+    if not aws.layout():
         raise ConfigError("aws.fsx (or aws.ebs) is empty: there is no shared file system to lay out; add at least one")
-    dirs: list[str] = []
-    for m in project.models:
-        for kind in DIR_KINDS:
-            base = f"{layout[kind]}/{m.name}"
-            for d in (base, f"{base}/{kind}"):
-                if d not in dirs:
-                    dirs.append(d)
-    return dirs
+    problems = off_mount_problems(project)
+    if problems:
+        field, message = problems[0]
+        raise ConfigError(f"{field}: {message}")
+    return project_dirs(project)
 
 
 def render_node_scripts(project: "Project") -> dict[str, str]:

@@ -1,8 +1,8 @@
 """The ``launch:`` section of the project file: how Slurm jobs are submitted and kept alive.
 
-A leaf module (it imports nothing from clustertrain but errors), so that ``project.py`` can compose it:
-``launch: LaunchConfig = Field(default_factory=LaunchConfig)``. Until the project has that field,
-read it with :func:`launch_config_of`.
+A leaf module (it imports nothing from clustertrain but errors), so that ``project.py`` can compose it.
+Where Slurm output files go is not a launch setting: it follows the storage layout
+(``storage.logs``, see :mod:`clustertrain.layout`).
 
 Example::
 
@@ -11,7 +11,6 @@ Example::
       signal_grace_s: 300
       max_restarts: 3         # requeues after a graceful stop (preemption, time limit)
       exclusive: true
-      log_root: /fsx/logs     # Slurm output: <log_root>/<model>/<job name>-<job id>.out
       env:                    # over the NCCL/EFA preset; null removes a preset variable
         NCCL_DEBUG: WARN
         NCCL_TUNER_PLUGIN: null
@@ -59,11 +58,6 @@ class LaunchConfig(BaseModel):
     exclusive: bool = Field(True, description="Ask for whole nodes (`--exclusive`).")
     gpu_directive: Literal["gpus-per-node", "gres"] = Field(
         "gpus-per-node", description="How GPUs are requested: `--gpus-per-node=N`, or `--gres=gpu:N` for clusters without GPU TRES."
-    )
-    log_root: Path | None = Field(
-        None,
-        description="Directory for Slurm output files, one subdirectory per model (`<log_root>/<model>/<job>-<id>.out`). "
-        "Default: `<storage.root>/<project>/logs`.",
     )
     env: dict[str, str | None] = Field(
         default_factory=dict,

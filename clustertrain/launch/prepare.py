@@ -17,6 +17,7 @@ from clustertrain.data import load_tokenizer
 from clustertrain.data.sample_index import GPTSamples
 from clustertrain.data.staging import dataset_tokens, stage_dataset
 from clustertrain.errors import ConfigError, DataError
+from clustertrain.layout import storage_layout
 from clustertrain.project import ModelEntry, Project, architecture_fingerprint, dump_project
 from clustertrain.rundir import RunPaths, read_json, write_atomic
 from clustertrain.train.checkpoint import check_ownership
@@ -36,7 +37,7 @@ class RunSpec:
 
 
 def default_run_dir(project: Project, entry: ModelEntry) -> Path:
-    return project.storage.root / project.name / entry.name
+    return storage_layout(project).run_dir(entry.name)
 
 
 def run_dir_for(project: Project, entry: ModelEntry, run_dir: Path | None, several: bool) -> Path:
@@ -57,7 +58,7 @@ def prepare_run(project: Project, entry: ModelEntry, run_dir: Path, resume: bool
     previous = read_json(paths.run_json)
     if resume:
         check_ownership(paths.checkpoints, fingerprint, project.name, entry.name)
-    dataset = stage_dataset(entry.data, project.storage.root / "datasets", console=console, store_options=store_options(project))
+    dataset = stage_dataset(entry.data, storage_layout(project).datasets, console=console, store_options=store_options(project))
     need = entry.model.seq_len + 1
     have = dataset_tokens(dataset)
     if have < need:

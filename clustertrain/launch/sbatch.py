@@ -28,6 +28,7 @@ from clustertrain import __version__
 from clustertrain.errors import LaunchError
 from clustertrain.launch.config import ENV_NAME_RE, LaunchConfig, launch_config_of
 from clustertrain.launch.presets import RankEnvironment, rank_environment
+from clustertrain.layout import storage_layout
 from clustertrain.project import ModelEntry, Project
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -102,9 +103,8 @@ def render_template(template: str, **context: object) -> str:
                                                         **context)
 
 
-def default_log_dir(project: Project, entry: ModelEntry, launch: LaunchConfig) -> Path:
-    root = launch.log_root if launch.log_root is not None else project.storage.root / project.name / "logs"
-    return Path(root) / entry.name
+def default_log_dir(project: Project, entry: ModelEntry) -> Path:
+    return storage_layout(project).log_dir(entry.name)
 
 
 def build_request(project: Project, entry: ModelEntry, run_dir: Path, *, launch: LaunchConfig | None = None,
@@ -115,12 +115,14 @@ def build_request(project: Project, entry: ModelEntry, run_dir: Path, *, launch:
     launch = launch or launch_config_of(project)
     cluster = project.cluster
     run_dir = Path(run_dir).absolute()
-    log_dir = default_log_dir(project, entry, launch).absolute()
+    log_dir = default_log_dir(project, entry).absolute()
     env = rank_environment(cluster.instance_type, cluster.nodes, launch)
     mounts: tuple[str, ...] = ()
     if cluster.container_image:
-        root = Path(project.storage.root).absolute()
-        dirs = [root] + [d for d in (run_dir, log_dir) if not d.is_relative_to(root)]
+        layout = storage_layout(project)
+        candidates = [Path(m) for m in layout.mounts] or [Path(b).absolute() for b in layout.bases().values()]
+        candidates += [run_dir, log_dir]
+        dirs = [d for d in candidates if not any(d != o and d.is_relative_to(o) for o in candidates)]
         mounts = tuple(f"{d}:{d}" for d in dict.fromkeys(dirs))
         if env.efa:
             mounts += ("/dev/infiniband:/dev/infiniband",)

@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from clustertrain.data import GPTSamples, load_tokenizer
 from clustertrain.errors import DataError
 from clustertrain.project import ModelEntry, Project, architecture_fingerprint
+from clustertrain.layout import storage_layout
 from clustertrain.rundir import RunPaths, write_atomic
 from clustertrain.train.checkpoint import CheckpointManager, check_ownership, clean_stale, find_latest
 from clustertrain.train.distributed import RankEnv
@@ -87,7 +88,7 @@ class Trainer:
         if resume:
             self._resume()
         self.metrics = (
-            MetricsWriter(paths.metrics, paths.tensorboard, self.step) if env.rank == 0 else None
+            MetricsWriter(paths.metrics, storage_layout(project).tensorboard_dir(entry.name) or paths.tensorboard, self.step) if env.rank == 0 else None
         )
         peak = peak_flops_for(torch.cuda.get_device_name(device) if device.type == "cuda" else None)
         self.peak_total = peak * env.world_size if peak else None

@@ -44,6 +44,7 @@ from clustertrain import __version__
 from clustertrain.errors import LaunchError
 from clustertrain.launch.presets import RankEnvironment, rank_environment
 from clustertrain.launch.sbatch import check_renderable, render_template, slurm_filename
+from clustertrain.layout import mount_of, storage_layout
 from clustertrain.project import Project
 from clustertrain.validate.collectives import CollectivesConfig
 from clustertrain.validate.probes import parse_fi_info, parse_nvidia_smi_csv
@@ -182,7 +183,7 @@ class SuitePaths:
 
 
 def new_suite_dir(project: Project, now: datetime | None = None) -> SuitePaths:
-    base = Path(project.storage.root) / "validation" / project.name
+    base = storage_layout(project).validation_dir()
     stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
     for i in range(100):
         root = base / (stamp if i == 0 else f"{stamp}-{i}")
@@ -195,8 +196,12 @@ def new_suite_dir(project: Project, now: datetime | None = None) -> SuitePaths:
 
 
 def storage_targets(project: Project) -> list[Path]:
-    """storage.root, then each aws.fsx mount dir (once each)."""
-    targets = [Path(project.storage.root)] + [Path(f.mount_dir) for f in (project.aws.fsx if project.aws else [])]
+    """Where the project's jobs write (the storage layout's bases), then each aws.fsx mount dir (once each)."""
+    layout = storage_layout(project)
+    if not layout.mounts:
+        return [layout.runs]
+    targets = [Path(mount_of(b, layout.mounts) or b) for b in layout.bases().values()]
+    targets += [Path(f.mount_dir) for f in (project.aws.fsx if project.aws else [])]
     return list(dict.fromkeys(targets))
 
 

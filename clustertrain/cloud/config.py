@@ -34,6 +34,7 @@ RESOURCE_NAME_RE = QUEUE_NAME_RE  # same rule for compute resources (pcluster Na
 SUBNET_ID_RE = re.compile(r"^subnet-([0-9a-f]{8}|[0-9a-f]{17})$")
 SG_ID_RE = re.compile(r"^sg-([0-9a-f]{8}|[0-9a-f]{17})$")
 CR_ID_RE = re.compile(r"^cr-[0-9a-f]{17}$")
+POLICY_ARN_RE = re.compile(r"^arn:aws(-[a-z]+)*:iam::(\d{12}|aws):policy/[\w+=,.@/-]+$")
 DIR_KINDS = ("datasets", "checkpoints", "outputs", "logs", "tensorboard")
 
 
@@ -149,16 +150,35 @@ class NetworkConfig(_Strict):
 
 
 class QueueConfig(_Strict):
+    """One Slurm queue with one compute resource.
+
+    Defaults that depend on the capacity (None = derived, see :meth:`static_nodes` and
+    :meth:`use_placement_group`): with a capacity reservation (a targeted ODCR or a Capacity Block)
+    the nodes are static (``min_count = max_count``: the capacity is paid for anyway, and a Capacity
+    Block requires it) and there is no cluster placement group (ParallelCluster warns that a
+    placement group beside a targeted ODCR can fail with insufficient capacity; a Capacity Block
+    needs none). Without a reservation: ``min_count 0`` and a placement group for EFA types.
+    """
+
     name: str = Field(..., description="Slurm partition name: lowercase letters, digits and '-', starting with a letter, at most 25 characters.")
     instance_type: str = Field(..., description="Compute instance type, e.g. `p5e.48xlarge` (must be in the cloud catalog).")
-    min_count: int = Field(0, ge=0, description="Instances kept running (static nodes); 0 lets Slurm scale down to zero.")
-    max_count: int = Field(..., ge=1, description="Most instances this queue can launch.")
+    min_count: int | None = Field(
+        None, ge=0,
+        description="Instances kept running (static nodes). Default: `max_count` with a capacity reservation or Capacity Block "
+                    "(static nodes; a Capacity Block requires min = max), else 0 (Slurm scales down to zero).",
+    )
+    max_count: int = Field(..., ge=1, description="Most instances this queue can launch (with a reservation: its instance count).")
     capacity_type: Literal["ONDEMAND", "SPOT", "CAPACITY_BLOCK"] = Field("ONDEMAND", description="How instances are bought.")
     capacity_reservation_id: str | None = Field(
-        None, description="On-Demand Capacity Reservation (ODCR) or Capacity Block id to target, e.g. `cr-0123456789abcdef0`."
+        None, description="On-Demand Capacity Reservation (ODCR) or Capacity Block id to target, e.g. `cr-0a1b2c3d4e5f67890`."
     )
     efa: bool | None = Field(None, description="Enable EFA. Default: on when the instance type supports it.")
-    placement_group: bool = Field(True, description="Launch the queue's nodes in a cluster placement group.")
+    placement_group: bool | None = Field(
+        None,
+        description="Launch the queue's nodes in a cluster placement group. Default: off with a capacity reservation or Capacity "
+                    "Block (ParallelCluster warns of insufficient-capacity errors beside a targeted ODCR; a Capacity Block needs "
+                    "none), else on.",
+    )
     gpu_health_checks: bool | None = Field(None, description="Slurm GPU health checks before jobs. Default: on for GPU instances.")
     root_volume_gb: int = Field(200, ge=35, le=16384, description="Compute node root volume in GiB (gp3); containers and caches go to local NVMe, not here.")
     exclusive: bool = Field(True, description="Whole-node jobs only (JobExclusiveAllocation).")
@@ -174,18 +194,37 @@ class QueueConfig(_Strict):
     @classmethod
     def _cr(cls, v: str | None) -> str | None:
         if v is not None and not CR_ID_RE.match(v):
-            raise ValueError(f"capacity_reservation_id {v!r} must look like cr-0123456789abcdef0")
+            raise ValueError(f"capacity_reservation_id {v!r} must look like cr-0a1b2c3d4e5f67890")
         return v
 
     @model_validator(mode="after")
     def _check(self) -> "QueueConfig":
-        if self.min_count > self.max_count:
+        if self.min_count is not None and self.min_count > self.max_count:
             raise ValueError(f"min_count ({self.min_count}) exceeds max_count ({self.max_count}); set min_count <= max_count")
         if self.capacity_type == "SPOT" and self.capacity_reservation_id:
             raise ValueError("capacity_reservation_id cannot be used with capacity_type SPOT; use ONDEMAND (ODCR) or CAPACITY_BLOCK")
         if self.capacity_type == "CAPACITY_BLOCK" and not self.capacity_reservation_id:
             raise ValueError("capacity_type CAPACITY_BLOCK needs capacity_reservation_id (the Capacity Block's cr- id)")
         return self
+
+    @property
+    def reserved(self) -> bool:
+        """The queue targets reserved capacity (a targeted ODCR or a Capacity Block)."""
+        return self.capacity_reservation_id is not None
+
+    @property
+    def static_nodes(self) -> int:
+        """MinCount: the explicit min_count, else max_count with reserved capacity, else 0."""
+        if self.min_count is not None:
+            return self.min_count
+        return self.max_count if self.reserved else 0
+
+    @property
+    def use_placement_group(self) -> bool:
+        """The explicit placement_group, else off with reserved capacity and on without."""
+        if self.placement_group is not None:
+            return self.placement_group
+        return not self.reserved
 
 
 class FsxConfig(_Strict):
@@ -333,8 +372,20 @@ class AwsConfig(_Strict):
     scripts_s3_uri: str | None = Field(
         None, description="`s3://bucket/prefix` where the node scripts are uploaded. Default: `s3://<data bucket>/clustertrain/node-scripts`."
     )
+    storage_policy_arn: str | None = Field(
+        None,
+        description="ARN of the IAM managed policy that grants the nodes exactly the S3 access clustertrain uses (the infra "
+                    "stack's `StoragePolicyArn` output, from `clustertrain cluster infra`). Attached to the head node and every "
+                    "queue; required when the project has buckets. Replaces ParallelCluster's `S3Access`, whose write access is `s3:*`.",
+    )
     additional_iam_policies: list[str] = Field(
-        default_factory=list, description="Extra IAM policy ARNs for compute nodes, e.g. the infra stack's `ComputeNodePolicyArn`."
+        default_factory=list, description="Extra IAM policy ARNs for the head node and compute nodes (beyond `storage_policy_arn`)."
+    )
+    example_ids: bool = Field(
+        False,
+        description="Set only in example project files: the subnet, security group, capacity reservation, key pair and policy ids "
+                    "are documentation placeholders (`subnet-0123456789abcdef0`, account `123456789012`). `clustertrain check` then "
+                    "reports them as warnings instead of errors; remove this flag once the real ids are filled in.",
     )
     tags: dict[str, str] = Field(default_factory=dict, description="Tags on every resource (cluster and infra stack).")
     monitoring: MonitoringConfig = Field(default_factory=MonitoringConfig, description="CloudWatch logs, dashboard and metrics.")
@@ -362,6 +413,14 @@ class AwsConfig(_Strict):
         if v is not None and not re.fullmatch(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[A-Za-z0-9._/-]*)?", v):
             raise ValueError(f"scripts_s3_uri {v!r} must look like s3://bucket/prefix")
         return v.rstrip("/") if v else v
+
+    @field_validator("storage_policy_arn", "additional_iam_policies")
+    @classmethod
+    def _policy_arn(cls, v):
+        for arn in [v] if isinstance(v, str) else (v or []):
+            if not POLICY_ARN_RE.match(arn):
+                raise ValueError(f"{arn!r} is not an IAM policy ARN like arn:aws:iam::111122223333:policy/NAME")
+        return v
 
     @field_validator("tags")
     @classmethod

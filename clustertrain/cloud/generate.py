@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 from clustertrain.cloud.infra import build_infra_template, render_infra_template
 from clustertrain.cloud.pcluster import build_cluster_config, cluster_name, render_cluster_config
 from clustertrain.cloud.scripts import render_node_scripts, write_node_scripts
-from clustertrain.cloud.validate import ValidationReport, validate_cluster_config
+from clustertrain.cloud.preflight import cloud_report
+from clustertrain.cloud.validate import ValidationReport
 from clustertrain.errors import ConfigError
 from clustertrain.rundir import write_atomic
 
@@ -21,13 +22,14 @@ if TYPE_CHECKING:
 
 
 def generate_cluster_config(project: "Project", output: Path, use_schema: bool = True) -> ValidationReport:
-    """Build, validate (schema when installed + our rules) and write the ParallelCluster config."""
-    config = build_cluster_config(project)
-    report = validate_cluster_config(config, use_schema=use_schema)
+    """Check the project as ``clustertrain check`` does (:func:`~clustertrain.cloud.preflight.cloud_report`), then write the
+    ParallelCluster config; on an error nothing is written and the first error is raised as one line."""
+    report = cloud_report(project, use_schema=use_schema)
     if report.errors:
         first = report.errors[0]
-        more = f" (and {len(report.errors) - 1} more)" if len(report.errors) > 1 else ""
-        raise ConfigError(f"generated cluster config is invalid: {first}{more}; fix the project's aws: section; nothing was written")
+        more = f" (and {len(report.errors) - 1} more: clustertrain cluster validate PROJECT)" if len(report.errors) > 1 else ""
+        raise ConfigError(f"{first.path}: {first.message}; fix: {first.fix}{more}; nothing was written")
+    config = build_cluster_config(project)
     write_atomic(Path(output), render_cluster_config(config, project.name, cluster_name(project)))
     return report
 

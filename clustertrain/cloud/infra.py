@@ -1,5 +1,6 @@
 """CloudFormation template for what the cluster stands on: VPC, subnets, NAT, security groups,
-S3 buckets for data and checkpoints, and a least-privilege IAM policy for compute nodes.
+S3 buckets for data and checkpoints, and the least-privilege IAM policy the nodes get (``StoragePolicy``,
+output ``StoragePolicyArn`` -> ``aws.storage_policy_arn`` -> ``AdditionalIamPolicies`` of the head node and every queue).
 
 Built as a dict (long-form intrinsics: ``{"Ref": ...}``, ``{"Fn::GetAtt": [...]}``) and dumped as
 YAML. No account id appears: ARNs use ``${AWS::Partition}`` and bucket names. Deploy with
@@ -10,7 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from clustertrain.cloud.pcluster import bucket_of, checkpoint_bucket, data_bucket, dump_yaml, require_aws, scripts_uri
+from clustertrain.cloud.pcluster import dump_yaml
+from clustertrain.cloud.project_rules import bucket_of, checkpoint_bucket, data_bucket, prefix_of, require_aws, scripts_uri
 from clustertrain.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -100,8 +102,10 @@ def build_infra_template(project: "Project") -> dict[str, Any]:
     if data is None or ckpt is None:
         raise ConfigError("set aws.buckets.data and aws.buckets.checkpoints (or storage.data_bucket / storage.checkpoint_bucket as s3:// URIs)")
     if data == ckpt:
-        raise ConfigError(f"aws.buckets: data and checkpoints are both {data!r}; use two buckets (only the checkpoint bucket is writable and versioned)")
-    for logical, name, versioned in (("DataBucket", data, False), ("CheckpointBucket", ckpt, True)):
+        raise ConfigError(f"aws.buckets: data and checkpoints are both {data!r}; use two buckets (datasets and checkpoints have their own lifetimes and write rules)")
+    # Both buckets are versioned: the node role may overwrite and delete under its own prefixes (a sync rewrites its
+    # manifest; `--delete` removes files), so old versions are the undo; they expire after 30 days.
+    for logical, name in (("DataBucket", data), ("CheckpointBucket", ckpt)):
         props: dict[str, Any] = {
             "BucketName": name,
             "PublicAccessBlockConfiguration": {"BlockPublicAcls": True, "BlockPublicPolicy": True,
@@ -109,13 +113,12 @@ def build_infra_template(project: "Project") -> dict[str, Any]:
             "BucketEncryption": {"ServerSideEncryptionConfiguration": [
                 {"ServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}, "BucketKeyEnabled": True}]},
             "OwnershipControls": {"Rules": [{"ObjectOwnership": "BucketOwnerEnforced"}]},
-            "VersioningConfiguration": {"Status": "Enabled" if versioned else "Suspended"},
+            "VersioningConfiguration": {"Status": "Enabled"},
             "Tags": tagged(logical),
         }
-        if versioned:
-            props["LifecycleConfiguration"] = {"Rules": [{"Id": "expire-old-versions", "Status": "Enabled",
-                                                          "NoncurrentVersionExpiration": {"NoncurrentDays": 30},
-                                                          "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": 7}}]}
+        props["LifecycleConfiguration"] = {"Rules": [{"Id": "expire-old-versions", "Status": "Enabled",
+                                                      "NoncurrentVersionExpiration": {"NoncurrentDays": 30},
+                                                      "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": 7}}]}
         r[logical] = {"Type": "AWS::S3::Bucket", "DeletionPolicy": "Retain", "UpdateReplacePolicy": "Retain", "Properties": props}
         r[f"{logical}Policy"] = {"Type": "AWS::S3::BucketPolicy", "Properties": {
             "Bucket": _ref(logical),
@@ -125,22 +128,13 @@ def build_infra_template(project: "Project") -> dict[str, Any]:
                 "Condition": {"Bool": {"aws:SecureTransport": "false"}}}]}}}
         outputs[f"{logical}Name"] = {"Value": _ref(logical), "Description": f"{logical} name"}
 
-    statements: list[dict[str, Any]] = [
-        {"Sid": "ListBuckets", "Effect": "Allow", "Action": ["s3:ListBucket", "s3:GetBucketLocation"],
-         "Resource": [_att("DataBucket", "Arn"), _att("CheckpointBucket", "Arn")]},
-        {"Sid": "ReadData", "Effect": "Allow", "Action": ["s3:GetObject"], "Resource": [{"Fn::Sub": "${DataBucket.Arn}/*"}]},
-        {"Sid": "WriteCheckpoints", "Effect": "Allow",
-         "Action": ["s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"],
-         "Resource": [{"Fn::Sub": "${CheckpointBucket.Arn}/*"}]},
-    ]
-    scripts_bucket = bucket_of(scripts_uri(project))
-    if scripts_bucket not in (data, ckpt):
-        statements.append({"Sid": "ReadNodeScripts", "Effect": "Allow", "Action": ["s3:GetObject"],
-                           "Resource": [{"Fn::Sub": f"arn:${{AWS::Partition}}:s3:::{scripts_bucket}/*"}]})
-    r["ComputeNodePolicy"] = {"Type": "AWS::IAM::ManagedPolicy", "Properties": {
-        "Description": f"{project.name} compute nodes: read the data bucket, write the checkpoint bucket",
-        "PolicyDocument": {"Version": "2012-10-17", "Statement": statements}}}
-    outputs["ComputeNodePolicyArn"] = {"Value": _ref("ComputeNodePolicy"), "Description": "add to aws.additional_iam_policies"}
+    policy = storage_policy_document(project)
+    for st in policy["Statement"]:
+        st["Resource"] = [{"Fn::Sub": arn} for arn in st["Resource"]]
+    r["StoragePolicy"] = {"Type": "AWS::IAM::ManagedPolicy", "Properties": {
+        "Description": f"{project.name} nodes: exactly the S3 calls clustertrain makes (see clustertrain/cloud/infra.py)",
+        "PolicyDocument": policy}}
+    outputs["StoragePolicyArn"] = {"Value": _ref("StoragePolicy"), "Description": "aws.storage_policy_arn"}
 
     return {
         "AWSTemplateFormatVersion": "2010-09-09",
@@ -151,6 +145,50 @@ def build_infra_template(project: "Project") -> dict[str, Any]:
         "Resources": r,
         "Outputs": outputs,
     }
+
+
+#: what each storage call of clustertrain.storage.S3Store needs (moto and AWS name them the same)
+S3_CALLS = {
+    "list_objects_v2": "s3:ListBucket",
+    "list_multipart_uploads": "s3:ListBucketMultipartUploads",
+    "head_object / get_object / download_file": "s3:GetObject",
+    "put_object / upload_file (incl. CreateMultipartUpload, UploadPart, CompleteMultipartUpload)": "s3:PutObject",
+    "list_parts (multipart transfers)": "s3:ListMultipartUploadParts",
+    "abort_multipart_upload": "s3:AbortMultipartUpload",
+    "delete_objects (old manifest, --delete)": "s3:DeleteObject",
+}
+RW_ACTIONS = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"]
+
+
+def storage_policy_document(project: "Project", partition: str = "${AWS::Partition}") -> dict[str, Any]:
+    """The IAM policy the nodes get (aws.storage_policy_arn): read the data bucket; read, write and delete only under
+    our own prefixes — the checkpoint backups (storage.checkpoint_bucket), the published datasets (storage.data_bucket);
+    read the node scripts. Bucket-level: list and list multipart uploads. Nothing else: no bucket policy, versions,
+    lifecycle or bucket deletion. ``partition="aws"`` gives plain ARNs (the moto test creates a user with it)."""
+    data, ckpt = data_bucket(project), checkpoint_bucket(project)
+    if data is None or ckpt is None:
+        raise ConfigError("set aws.buckets.data and aws.buckets.checkpoints (or storage.data_bucket / storage.checkpoint_bucket as s3:// URIs)")
+
+    def arn(bucket: str, prefix: str | None = None) -> str:
+        base = f"arn:{partition}:s3:::{bucket}"
+        return base if prefix is None else f"{base}/{prefix + '/' if prefix else ''}*"
+
+    ckpt_uri = project.storage.checkpoint_bucket or f"s3://{ckpt}/checkpoints"
+    publish_uri = project.storage.data_bucket or f"s3://{data}/datasets"
+    writable = [(bucket_of(ckpt_uri) or ckpt, prefix_of(ckpt_uri)), (bucket_of(publish_uri) or data, prefix_of(publish_uri))]
+    scripts = scripts_uri(project)
+    buckets = list(dict.fromkeys([data, ckpt] + [b for b, _ in writable]))
+    statements: list[dict[str, Any]] = [
+        {"Sid": "ListOurBuckets", "Effect": "Allow", "Action": ["s3:ListBucket", "s3:ListBucketMultipartUploads"],
+         "Resource": [arn(b) for b in buckets]},
+        {"Sid": "ReadData", "Effect": "Allow", "Action": ["s3:GetObject"], "Resource": [arn(data, "")]},
+        {"Sid": "CheckpointBackups", "Effect": "Allow", "Action": list(RW_ACTIONS), "Resource": [arn(*writable[0])]},
+        {"Sid": "PublishDatasets", "Effect": "Allow", "Action": list(RW_ACTIONS), "Resource": [arn(*writable[1])]},
+    ]
+    if bucket_of(scripts) != data:
+        statements.append({"Sid": "ReadNodeScripts", "Effect": "Allow", "Action": ["s3:GetObject"],
+                           "Resource": [arn(bucket_of(scripts) or data, prefix_of(scripts))]})
+    return {"Version": "2012-10-17", "Statement": statements}
 
 
 def render_infra_template(template: dict[str, Any], project_name: str) -> str:

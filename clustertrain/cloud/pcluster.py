@@ -12,118 +12,41 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from clustertrain.cloud.catalog import InstanceCatalog, load_catalog
-from clustertrain.cloud.config import OS_DEFAULT_USER, AwsConfig
+from clustertrain.cloud.phases import COMPUTE_SCRIPT, HEAD_SCRIPT, SETUP_DIRS_SCRIPT, action  # noqa: F401 - script names re-exported
+from clustertrain.cloud.project_rules import (  # noqa: F401 - re-exported: scripts.py and infra.py import them from here
+    bucket_of,
+    checkpoint_bucket,
+    data_bucket,
+    dir_owner,
+    project_findings,
+    require_aws,
+    scripts_uri,
+)
+from clustertrain.cloud.config import AwsConfig
 from clustertrain.errors import ConfigError
 
 if TYPE_CHECKING:
     from clustertrain.project import Project
 
 SSM_POLICY = "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"
-HEAD_SCRIPT = "head-node.sh"
-COMPUTE_SCRIPT = "compute-node.sh"
-SETUP_DIRS_SCRIPT = "setup-dirs.sh"
-
-
-def require_aws(project: "Project") -> AwsConfig:
-    if project.aws is None:
-        raise ConfigError(f"project {project.name!r} has no `aws:` section; add one (see docs/cloud.md and examples/p5e-80x7.yaml)")
-    return project.aws
-
-
-def bucket_of(uri: str | None) -> str | None:
-    """`s3://bucket/prefix` -> `bucket`; None for anything that is not an s3:// URI."""
-    if not uri or not uri.startswith("s3://"):
-        return None
-    return uri[5:].split("/", 1)[0] or None
-
-
-def data_bucket(project: "Project") -> str | None:
-    aws = require_aws(project)
-    return aws.buckets.data or bucket_of(project.storage.data_bucket)
-
-
-def checkpoint_bucket(project: "Project") -> str | None:
-    aws = require_aws(project)
-    return aws.buckets.checkpoints or bucket_of(project.storage.checkpoint_bucket)
-
-
-def scripts_uri(project: "Project") -> str:
-    aws = require_aws(project)
-    if aws.scripts_s3_uri:
-        return aws.scripts_s3_uri
-    bucket = data_bucket(project)
-    if bucket is None:
-        raise ConfigError(
-            "aws.scripts_s3_uri is not set and there is no data bucket to default to; "
-            "set aws.scripts_s3_uri (e.g. s3://my-bucket/clustertrain/node-scripts) or aws.buckets.data"
-        )
-    return f"s3://{bucket}/clustertrain/node-scripts"
-
-
-def dir_owner(aws: AwsConfig) -> tuple[str, str]:
-    owner = aws.shared_dirs.owner or OS_DEFAULT_USER[aws.os]
-    return owner, aws.shared_dirs.group or owner
 
 
 def check_project_aws(project: "Project", catalog: InstanceCatalog | None = None) -> AwsConfig:
-    """Checks that need the instance catalog or several sections; raises ConfigError naming the field."""
+    """:func:`project_findings`, raising ConfigError with the first error (``field: problem; fix``)."""
     aws = require_aws(project)
-    cat = catalog or load_catalog()
-    if aws.region not in cat.regions:
-        raise ConfigError(f"aws.region {aws.region!r} is not an AWS region known to clustertrain; e.g. ap-southeast-3, us-east-1")
-    for i, q in enumerate(aws.queues):
-        facts = cat.get(q.instance_type)
-        where = f"aws.queues[{i}].instance_type"
-        if facts is None:
-            raise ConfigError(
-                f"{where}: unknown instance type {q.instance_type!r}; known: {', '.join(cat.suggest(q.instance_type))} "
-                "(add new types to clustertrain/cloud/instances.yaml)"
-            )
-        if cat.offered(q.instance_type, aws.region) is False:
-            raise ConfigError(
-                f"{where}: {q.instance_type} is not offered in {aws.region}; use one of {', '.join(facts.regions or ())} or another type"
-            )
-        if q.efa and not facts.efa:
-            raise ConfigError(f"aws.queues[{i}].efa: {q.instance_type} does not support EFA; remove efa or pick an EFA type (e.g. p5e.48xlarge)")
-        if q.gpu_health_checks and facts.gpus == 0:
-            raise ConfigError(f"aws.queues[{i}].gpu_health_checks: {q.instance_type} has no NVIDIA GPU; set gpu_health_checks: false")
-    cl = project.cluster
-    if cl.partition is not None:
-        names = [q.name for q in aws.queues]
-        if cl.partition not in names:
-            raise ConfigError(f"cluster.partition {cl.partition!r} is not one of aws.queues ({', '.join(names)}); rename the queue or the partition")
-        i = names.index(cl.partition)
-        q = aws.queues[i]
-        if cl.instance_type and cl.instance_type != q.instance_type:
-            raise ConfigError(
-                f"cluster.instance_type {cl.instance_type} differs from aws.queues[{i}].instance_type {q.instance_type}; make them the same"
-            )
-        if cl.nodes > q.max_count:
-            raise ConfigError(f"cluster.nodes ({cl.nodes}) exceeds aws.queues[{i}].max_count ({q.max_count}); raise max_count or lower nodes")
-    if aws.network.public_subnet_id is None:
-        raise ConfigError(
-            "aws.network.public_subnet_id is missing (head node subnet); deploy `clustertrain cluster infra` and copy its PublicSubnetId output"
-        )
-    if aws.network.private_subnet_id is None:
-        raise ConfigError(
-            "aws.network.private_subnet_id is missing (compute/FSx subnet); deploy `clustertrain cluster infra` and copy its PrivateSubnetId output"
-        )
-    if aws.head_node.key_name is None:
-        raise ConfigError("aws.head_node.key_name is missing; set it to the name of an EC2 key pair in the region (the name only)")
+    errors = [f for f in project_findings(project, catalog) if f.level == "error"]
+    if errors:
+        first = errors[0]
+        raise ConfigError(f"{first.path}: {first.message}; {first.fix}")
     return aws
 
 
-def _s3_access(project: "Project", write_checkpoints: bool) -> list[dict[str, Any]]:
-    access: list[dict[str, Any]] = []
-    scripts_bucket = bucket_of(scripts_uri(project))
-    data, ckpt = data_bucket(project), checkpoint_bucket(project)
-    if data:
-        access.append({"BucketName": data})
-    if scripts_bucket and scripts_bucket not in (data, ckpt):
-        access.append({"BucketName": scripts_bucket})
-    if ckpt:
-        access.append({"BucketName": ckpt, "EnableWriteAccess": write_checkpoints} if write_checkpoints else {"BucketName": ckpt})
-    return access
+def _policies(aws: AwsConfig, head: bool) -> list[dict[str, str]]:
+    """AdditionalIamPolicies: our storage policy (instead of S3Access, whose write access is s3:*), the extra ones, SSM."""
+    arns = [a for a in [aws.storage_policy_arn, *aws.additional_iam_policies] if a]
+    if head and aws.head_node.ssm:
+        arns.append(SSM_POLICY)
+    return [{"Policy": a} for a in dict.fromkeys(arns)]
 
 
 def build_cluster_config(project: "Project", catalog: InstanceCatalog | None = None) -> dict[str, Any]:
@@ -139,16 +62,14 @@ def build_cluster_config(project: "Project", catalog: InstanceCatalog | None = N
         "Networking": {"SubnetId": net.public_subnet_id},
         "Ssh": {"KeyName": aws.head_node.key_name},
         "LocalStorage": {"RootVolume": {"Size": aws.head_node.root_volume_gb, "VolumeType": "gp3", "Encrypted": True}},
-        "Iam": {"S3Access": _s3_access(project, write_checkpoints=True)},
+        "Iam": {"AdditionalIamPolicies": _policies(aws, head=True)},
         "Imds": {"Secured": True},
-        "CustomActions": {"OnNodeConfigured": {"Script": f"{uri}/{HEAD_SCRIPT}", "Args": [owner, group]}},
+        "CustomActions": {action(HEAD_SCRIPT).hook: {"Script": f"{uri}/{HEAD_SCRIPT}", "Args": [owner, group]}},
     }
     if net.ssh_cidr:
         head["Ssh"]["AllowedIps"] = net.ssh_cidr
     if net.head_security_group_id:
         head["Networking"]["AdditionalSecurityGroups"] = [net.head_security_group_id]
-    if aws.head_node.ssm:
-        head["Iam"]["AdditionalIamPolicies"] = [{"Policy": SSM_POLICY}]
 
     queues = []
     for q in aws.queues:
@@ -159,31 +80,29 @@ def build_cluster_config(project: "Project", catalog: InstanceCatalog | None = N
         resource: dict[str, Any] = {
             "Name": _resource_name(q.instance_type),
             "InstanceType": q.instance_type,
-            "MinCount": q.min_count,
+            "MinCount": q.static_nodes,
             "MaxCount": q.max_count,
             "Efa": {"Enabled": efa},
         }
         if q.capacity_reservation_id:
             resource["CapacityReservationTarget"] = {"CapacityReservationId": q.capacity_reservation_id}
-        networking: dict[str, Any] = {"SubnetIds": [net.private_subnet_id], "PlacementGroup": {"Enabled": q.placement_group}}
+        networking: dict[str, Any] = {"SubnetIds": [net.private_subnet_id], "PlacementGroup": {"Enabled": q.use_placement_group}}
         if net.compute_security_group_id:
             networking["AdditionalSecurityGroups"] = [net.compute_security_group_id]
         local: dict[str, Any] = {"RootVolume": {"Size": q.root_volume_gb, "VolumeType": "gp3", "Encrypted": True}}
         if facts.nvme_gb:
             local["EphemeralVolume"] = {"MountDir": aws.enroot.local_dir}
-        iam: dict[str, Any] = {"S3Access": _s3_access(project, write_checkpoints=True)}
-        if aws.additional_iam_policies:
-            iam["AdditionalIamPolicies"] = [{"Policy": arn} for arn in aws.additional_iam_policies]
         queue: dict[str, Any] = {
             "Name": q.name,
             "CapacityType": q.capacity_type,
             "Networking": networking,
             "ComputeResources": [resource],
             "ComputeSettings": {"LocalStorage": local},
-            "Iam": iam,
-            "CustomActions": {"OnNodeStart": {"Script": f"{uri}/{COMPUTE_SCRIPT}"}},
+            "Iam": {"AdditionalIamPolicies": _policies(aws, head=False)},
             "JobExclusiveAllocation": q.exclusive,
         }
+        if "EphemeralVolume" in local:  # the script puts Enroot on the NVMe; a queue without one keeps Enroot's defaults
+            queue["CustomActions"] = {action(COMPUTE_SCRIPT).hook: {"Script": f"{uri}/{COMPUTE_SCRIPT}"}}
         if gpu_checks:
             queue["HealthChecks"] = {"Gpu": {"Enabled": True}}
         queues.append(queue)
@@ -194,7 +113,7 @@ def build_cluster_config(project: "Project", catalog: InstanceCatalog | None = N
         "HeadNode": head,
         "Scheduling": {
             "Scheduler": "slurm",
-            "SlurmSettings": {"ScaledownIdletime": aws.scaledown_idletime},
+            "SlurmSettings": _slurm_settings(aws),
             "SlurmQueues": queues,
         },
     }
@@ -210,6 +129,14 @@ def build_cluster_config(project: "Project", catalog: InstanceCatalog | None = N
     tags = {"clustertrain:project": project.name, **aws.tags}
     config["Tags"] = [{"Key": k, "Value": v} for k, v in tags.items()]
     return config
+
+
+def _slurm_settings(aws: AwsConfig) -> dict[str, Any]:
+    settings: dict[str, Any] = {"ScaledownIdletime": aws.scaledown_idletime}
+    if any(q.reserved for q in aws.queues):
+        # static nodes on reserved capacity: an update drains them instead of stopping the whole fleet
+        settings["QueueUpdateStrategy"] = "DRAIN"
+    return settings
 
 
 def _resource_name(instance_type: str) -> str:

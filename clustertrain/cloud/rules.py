@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from clustertrain.cloud.catalog import INSTANCE_TYPE_RE, InstanceCatalog, load_catalog
+from clustertrain.cloud.phases import phase_findings
 from clustertrain.findings import Finding, Level  # noqa: F401 - re-exported for cloud's callers
 from clustertrain.cloud.config import (
     FSX_DEPLOYMENT_TYPES,
@@ -23,6 +24,15 @@ from clustertrain.cloud.config import (
 )
 
 PLACEHOLDER_RE = re.compile(r"(x{6,}|-([a-z])\2{5,}$|your[-_]|YOUR_|<[^>]+>|CHANGE_?ME|REPLACE_?ME)", re.IGNORECASE)
+#: ids as the AWS documentation writes them: subnet-0123456789abcdef0, sg-0fedcba9876543210, cr-1234567890abcdef0,
+#: account 123456789012 / 111122223333 in ARNs. Real ids are random hex; these runs never occur by chance.
+DOC_ID_RE = re.compile(
+    r"\b(?:subnet|sg|cr|vpc|fs|i|ami|igw|nat|rtb|eni|vol|snap|pg|eipalloc|key|lt)-[0-9a-f]*"
+    r"(?:0123456789abcdef|fedcba9876543210|1234567890abcdef|abcdef0123456789|01234567|76543210|12345678|abcdef01)[0-9a-f]*\b"
+    r"|:(?:123456789012|111122223333|444455556666|999999999999|000000000000):",
+    re.IGNORECASE,
+)
+DOC_ID_MESSAGE = "is an id from the AWS documentation, not a real resource"
 SECRET_RE = re.compile(r"(AKIA|ASIA)[0-9A-Z]{16}|-----BEGIN [A-Z ]*PRIVATE KEY-----")
 RESERVED_MOUNTS = {"/", "/home", "/opt", "/opt/slurm", "/opt/parallelcluster", "/opt/intel", "/etc", "/usr", "/var",
                    "/tmp", "/root", "/boot", "/proc", "/sys", "/dev", "/scratch"}
@@ -58,6 +68,7 @@ def check_cluster_config(config: dict[str, Any], catalog: InstanceCatalog | None
     out += _head_node(_d(config.get("HeadNode")), cat, total_nodes, "HeadNode" in config)
     out += _shared_storage(_l(config.get("SharedStorage")))
     out += _values(config)
+    out += phase_findings(config)
     return out
 
 
@@ -198,11 +209,9 @@ def _queues(config: dict, cat: InstanceCatalog, region: str | None) -> tuple[lis
                 if gpu_check and facts.gpus == 0:
                     out.append(Finding("error", _p(base, i, "HealthChecks", "Gpu", "Enabled"),
                                        f"GPU health checks are on but {itype} has no NVIDIA GPU", "set HealthChecks.Gpu.Enabled: false for this queue"))
-            if efa and not placement:
-                out.append(Finding("warning", _p(base, i, "Networking", "PlacementGroup", "Enabled"),
-                                   "EFA nodes without a cluster placement group get higher, uneven latency",
-                                   "set Networking.PlacementGroup.Enabled: true (or use a Capacity Block, which is already placed)"))
-            crt = _d(r.get("CapacityReservationTarget"))
+            crt = _d(r.get("CapacityReservationTarget")) or _d(q.get("CapacityReservationTarget"))
+            reserved = bool(crt) or capacity_type == "CAPACITY_BLOCK"
+            out += _placement(efa, placement, reserved, capacity_type, _p(base, i, "Networking", "PlacementGroup", "Enabled"))
             if crt and capacity_type == "SPOT":
                 out.append(Finding("error", _p(*rp, "CapacityReservationTarget"), "a capacity reservation cannot be targeted by a SPOT queue",
                                    "set the queue's CapacityType: ONDEMAND (ODCR) or CAPACITY_BLOCK"))
@@ -210,6 +219,24 @@ def _queues(config: dict, cat: InstanceCatalog, region: str | None) -> tuple[lis
                 out.append(Finding("error", _p(*rp, "CapacityReservationTarget"), "CAPACITY_BLOCK queues must target the Capacity Block",
                                    "add CapacityReservationTarget.CapacityReservationId: cr-..."))
     return out, total
+
+
+def _placement(efa: bool, placement: bool, reserved: bool, capacity_type: str, path: str) -> Iterator[Finding]:
+    """Reserved capacity (a targeted ODCR or a Capacity Block) and cluster placement groups pull opposite ways.
+
+    ParallelCluster 3.16.1: ``PlacementGroupCapacityReservationValidator`` warns that a placement group beside an
+    open or targeted ODCR "may" fail with insufficient capacity (it needs AWS to run, so we say it here), and
+    ``PlacementGroupCapacityTypeValidator`` warns for a Capacity Block. awsome-distributed-training's
+    cluster-vanilla.yaml: "set this to false if using a targeted ODCR". EC2: a Capacity Block needs no placement group.
+    """
+    if reserved and placement:
+        what = "a Capacity Block" if capacity_type == "CAPACITY_BLOCK" else "a targeted capacity reservation (ODCR)"
+        yield Finding("warning", path, f"a cluster placement group beside {what}: launches may fail with insufficient capacity "
+                      "although the reservation has room (ParallelCluster's placement-group/capacity-reservation check)",
+                      "set Networking.PlacementGroup.Enabled: false (the reservation already fixes where the nodes are)")
+    elif efa and not placement and not reserved:
+        yield Finding("warning", path, "EFA nodes without a cluster placement group get higher, uneven latency",
+                      "set Networking.PlacementGroup.Enabled: true (not needed with a capacity reservation or Capacity Block)")
 
 
 def _name_rule(name: Any, path: str, what: str) -> Iterator[Finding]:
@@ -299,3 +326,6 @@ def _values(node: Any, path: tuple = ()) -> Iterator[Finding]:
                           "remove it: credentials come from the instance role, keys stay out of config files")
         elif PLACEHOLDER_RE.search(node):
             yield Finding("error", _p(*path), f"{node!r} is a placeholder, not a real value", "replace it with the real id or name")
+        elif DOC_ID_RE.search(node):
+            yield Finding("error", _p(*path), f"{node!r} {DOC_ID_MESSAGE}",
+                          "replace it with your own id (for subnets, security groups and the policy: the outputs of `clustertrain cluster infra`)")

@@ -1,8 +1,10 @@
-"""Validate a ParallelCluster config offline: aws-parallelcluster's own schema (when installed) plus our rules.
+"""Validate a ParallelCluster config offline: aws-parallelcluster's own schema and pure validators
+(when installed) plus our rules, merged into one finding per problem.
 
 The schema is ``pcluster.schemas.cluster_schema.ClusterSchema(...).load(config)``: pure marshmallow,
-no AWS calls (pcluster's *validators*, which do call AWS, are not run). Its nested messages are
-flattened into :class:`~clustertrain.cloud.rules.Finding` objects with the same YAML paths as ours.
+no AWS calls. On the loaded config we run ParallelCluster's validators that make no AWS call
+(:mod:`clustertrain.cloud.pcluster_validators`). Messages become :class:`~clustertrain.findings.Finding`
+objects with the same YAML paths as ours; :func:`merge_findings` keeps one per problem.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -86,28 +88,75 @@ def offline_aws(region: str) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def schema_findings(config: dict[str, Any]) -> list[Finding] | None:
-    """aws-parallelcluster's schema check as findings; None when aws-parallelcluster is not installed."""
+def load_with_pcluster(config: dict[str, Any]) -> tuple[Any, list[Finding]] | None:
+    """aws-parallelcluster's schema load, offline: (loaded config or None, schema findings); None when not installed."""
     if not schema_available():
         return None
     import marshmallow
-    from pcluster.schemas.cluster_schema import ClusterSchema
-
     from pcluster.aws.aws_api import AWSApi
+    from pcluster.schemas.cluster_schema import ClusterSchema
 
     region = config.get("Region") if isinstance(config.get("Region"), str) else "us-east-1"
     with offline_aws(region):
         AWSApi.reset()
         try:
-            ClusterSchema(cluster_name="clustertrain-check").load(config)
+            return ClusterSchema(cluster_name="clustertrain-check").load(config), []
         except marshmallow.ValidationError as err:
-            return list(_flatten(err.messages, ()))
+            return None, list(_flatten(err.messages, ()))
         except Exception as err:  # noqa: BLE001 - pcluster's post-load hooks raise plain errors on malformed input
-            return [Finding("error", "(file)", f"aws-parallelcluster could not load the config: {err}", "fix the reported key",
-                            source="aws-parallelcluster")]
+            return None, [Finding("error", "(file)", f"aws-parallelcluster could not load the config: {err}", "fix the reported key",
+                                  source="aws-parallelcluster")]
         finally:
             AWSApi.reset()
-    return []
+
+
+def schema_findings(config: dict[str, Any]) -> list[Finding] | None:
+    """aws-parallelcluster's schema check as findings; None when aws-parallelcluster is not installed."""
+    loaded = load_with_pcluster(config)
+    return None if loaded is None else loaded[1]
+
+
+def pcluster_findings(config: dict[str, Any]) -> list[Finding] | None:
+    """Schema, then (when the schema accepts the config) pcluster's pure offline validators; None when not installed."""
+    loaded = load_with_pcluster(config)
+    if loaded is None:
+        return None
+    obj, found = loaded
+    if obj is not None:
+        from clustertrain.cloud.pcluster_validators import validator_findings
+
+        region = config.get("Region") if isinstance(config.get("Region"), str) else "us-east-1"
+        with offline_aws(region):
+            found = found + validator_findings(obj, config)
+    return found
+
+
+#: a schema path that reports the same problem as one of our rules at another path
+SAME_PROBLEM = {"Scheduling.SlurmQueues": "SlurmQueues"}
+
+
+def merge_findings(findings: list[Finding]) -> list[Finding]:
+    """One finding per problem. Where aws-parallelcluster and clustertrain report the same path (or a path of
+    :data:`SAME_PROBLEM`) at the same level, clustertrain's finding stays (it names the value and the fix) and its
+    ``source`` names both; exact repeats go. Order is kept."""
+    ours = {(f.path, f.level) for f in findings if f.source == "clustertrain"}
+
+    def key(f: Finding) -> tuple[str, str]:
+        alias = SAME_PROBLEM.get(f.path)
+        return (alias, f.level) if alias and (alias, f.level) in ours else (f.path, f.level)
+
+    confirmed = {key(f) for f in findings if f.source != "clustertrain" and key(f) in ours}
+    out: list[Finding] = []
+    seen: set[tuple[str, str, str]] = set()
+    for f in findings:
+        if f.source != "clustertrain" and key(f) in ours:
+            continue
+        if f.source == "clustertrain" and (f.path, f.level) in confirmed:
+            f = replace(f, source="clustertrain, aws-parallelcluster")
+        if (f.level, f.path, f.message) not in seen:
+            seen.add((f.level, f.path, f.message))
+            out.append(f)
+    return out
 
 
 def _flatten(messages: Any, path: tuple) -> Any:
@@ -134,21 +183,22 @@ def _flatten(messages: Any, path: tuple) -> Any:
 
 
 def validate_cluster_config(config: dict[str, Any], use_schema: bool = True, catalog: InstanceCatalog | None = None) -> ValidationReport:
-    """Schema (if installed and asked for) plus our rules. Duplicate messages for one path are kept: they say different things."""
+    """aws-parallelcluster's schema and pure validators (if installed and asked for) plus our rules, one finding per problem."""
     report = ValidationReport()
+    found: list[Finding] = []
     if use_schema:
-        found = schema_findings(config)
-        if found is None:
+        theirs = pcluster_findings(config)
+        if theirs is None:
             report.schema_note = (
                 "aws-parallelcluster is not installed: only clustertrain's own rules ran "
-                "(pip install 'clustertrain[aws]' adds ParallelCluster's schema check)"
+                "(pip install 'clustertrain[aws]' adds ParallelCluster's schema and offline validators)"
             )
         else:
             report.schema_ran = True
-            report.findings += found
+            found += theirs
     else:
-        report.schema_note = "ParallelCluster's schema check was skipped: only clustertrain's own rules ran"
-    report.findings += check_cluster_config(config, catalog)
+        report.schema_note = "ParallelCluster's schema and validators were skipped: only clustertrain's own rules ran"
+    report.findings = merge_findings(found + check_cluster_config(config, catalog))
     return report
 
 
@@ -168,13 +218,12 @@ def is_project(raw: dict[str, Any]) -> bool:
 
 
 def validate_file(path: Path, overrides: list[str] | None = None, use_schema: bool = True) -> ValidationReport:
-    """Validate a ParallelCluster YAML file, or the config generated from a clustertrain project file."""
+    """Validate a ParallelCluster YAML file, or a clustertrain project file (then exactly what
+    :func:`clustertrain.cloud.preflight.cloud_report` finds: project fields, generated config, one finding per problem)."""
     raw = read_cluster_config(Path(path))
     if is_project(raw):
-        from clustertrain.cloud.pcluster import build_cluster_config
+        from clustertrain.cloud.preflight import cloud_report
         from clustertrain.project import load_project
 
-        config = build_cluster_config(load_project(path, overrides))
-    else:
-        config = raw
-    return validate_cluster_config(config, use_schema=use_schema)
+        return cloud_report(load_project(path, overrides), use_schema=use_schema)
+    return validate_cluster_config(raw, use_schema=use_schema)

@@ -1,5 +1,9 @@
-"""Node scripts: `bash -n` and shellcheck clean, and the directory setup script run for real against
-a temp directory standing in for the FSx mounts (a hostile path, to prove the quoting)."""
+"""Node scripts: `bash -n` and shellcheck clean, and the scripts run for real under a hostile path prefix.
+
+Mount points are real: each test runs the script in a private mount namespace (`unshare -m`, root only) where
+the directories standing in for the FSx file systems and the local NVMe are bind-mounted onto themselves, so
+`mountpoint -q` is true exactly for them (and what the script writes stays visible after the namespace ends).
+There is no "accept a plain directory" escape hatch any more: it hid that OnNodeStart runs before the mounts."""
 
 from __future__ import annotations
 
@@ -12,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from clustertrain.cloud import model_dirs, render_node_scripts, write_node_scripts
-from clustertrain.cloud.config import DIR_KINDS
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +34,24 @@ def weird_root(tmp_path) -> Path:
 
 
 def _env(root: Path, log: Path, **extra) -> dict[str, str]:
-    return {**os.environ, "CLUSTERTRAIN_ROOT": str(root), "CLUSTERTRAIN_MOUNT_CHECK": "dir", "CLUSTERTRAIN_LOG": str(log), **extra}
+    return {**os.environ, "CLUSTERTRAIN_ROOT": str(root), "CLUSTERTRAIN_LOG": str(log), **extra}
+
+
+def _can_unshare() -> bool:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    return subprocess.run(["unshare", "-m", "--propagation", "private", "true"], capture_output=True).returncode == 0
+
+
+needs_mount_ns = pytest.mark.skipif(not _can_unshare(), reason="needs root and `unshare -m` (mount namespaces)")
+
+
+def _run_with_mounts(script: Path, mounts: list[Path], env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    """Run ``bash script args`` in a private mount namespace where each of ``mounts`` is a mount point."""
+    wrapper = 'n=$1; shift; for ((i = 0; i < n; i++)); do mount --bind "$1" "$1" || exit 97; shift; done; exec bash "$@"'
+    cmd = ["unshare", "-m", "--propagation", "private", "bash", "-c", wrapper, "ns",
+           str(len(mounts)), *map(str, mounts), str(script), *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
 
 
 def _me() -> tuple[str, str]:
@@ -55,28 +75,27 @@ def test_shellcheck_is_clean(scripts):
     assert result.returncode == 0, result.stdout
 
 
+@needs_mount_ns
 def test_setup_dirs_creates_exactly_the_tree_with_modes(scenario, scripts, weird_root, tmp_path):
     mounts = sorted(set(scenario.aws.layout().values()))
     for m in mounts:
         (weird_root / m.lstrip("/")).mkdir(parents=True)
     user, group = _me()
     log = tmp_path / "logs" / "setup-dirs.log"
-    run = lambda: subprocess.run(["bash", str(scripts["setup-dirs.sh"]), user, group], env=_env(weird_root, log),
-                                 capture_output=True, text=True, timeout=60)
+    run = lambda: _run_with_mounts(scripts["setup-dirs.sh"], [weird_root / m.lstrip("/") for m in mounts],  # noqa: E731
+                                   _env(weird_root, log), user, group)
     first = run()
     assert first.returncode == 0, first.stdout + first.stderr
     expected = set(model_dirs(scenario))
-    assert len(expected) == len(scenario.models) * (3 + len(DIR_KINDS))  # 3 file systems x model dir, + one dir per kind
     created = {"/" + str(p.relative_to(weird_root)) for p in weird_root.rglob("*") if p.is_dir()}
     parents = {"/fsx"} | set(mounts)
-    assert created - parents == expected
-    for d in expected:
+    assert created - parents == expected - parents
+    for d in expected - parents:
         st = (weird_root / d.lstrip("/")).stat()
         assert stat.S_IMODE(st.st_mode) == 0o2775, d
-    assert "/fsx/checkpoints/model-7/checkpoints" in expected and "/fsx/logs/model-1/tensorboard" in expected
     assert "done: " in log.read_text()
     # idempotent: a second run succeeds, repairs a changed mode and changes nothing else
-    victim = weird_root / "fsx/data/model-1/datasets"
+    victim = weird_root / sorted(expected - parents)[-1].lstrip("/")
     (victim / "keep.txt").write_text("data")
     victim.chmod(0o700)
     second = run()
@@ -87,28 +106,49 @@ def test_setup_dirs_creates_exactly_the_tree_with_modes(scenario, scripts, weird
     assert log.read_text().count("start (owner") == 2
 
 
-def test_setup_dirs_times_out_when_a_mount_never_appears(scripts, weird_root, tmp_path):
-    (weird_root / "fsx/data").mkdir(parents=True)  # the other two never "mount"
+@needs_mount_ns
+def test_setup_dirs_waits_for_real_mounts_not_directories(scenario, scripts, weird_root, tmp_path):
+    """The directories exist but only /fsx/data is mounted: the old `CLUSTERTRAIN_MOUNT_CHECK=dir` run passed here."""
+    mounts = sorted(set(scenario.aws.layout().values()))
+    for m in mounts:
+        (weird_root / m.lstrip("/")).mkdir(parents=True)
     user, group = _me()
     log = tmp_path / "setup.log"
-    r = subprocess.run(["bash", str(scripts["setup-dirs.sh"]), user, group],
-                       env=_env(weird_root, log, CLUSTERTRAIN_MOUNT_TIMEOUT_S="0"), capture_output=True, text=True, timeout=60)
+    r = _run_with_mounts(scripts["setup-dirs.sh"], [weird_root / "fsx/data"],
+                         _env(weird_root, log, CLUSTERTRAIN_MOUNT_TIMEOUT_S="0"), user, group)
     assert r.returncode == 1
     assert "is not mounted after 0s" in log.read_text()
-    assert not (weird_root / "fsx/data/model-1").exists(), "nothing is created before every mount is ready"
+    assert {p for p in (weird_root / "fsx").rglob("*")} == {weird_root / m.lstrip("/") for m in mounts}, \
+        "nothing is created before every mount is ready"
 
 
-def test_compute_node_puts_enroot_on_local_nvme_idempotently(scripts, weird_root, tmp_path):
+PACKAGE_CONF = """\
+# enroot.conf as the enroot package installs it (abridged)
+#ENROOT_LIBRARY_PATH        /usr/lib/enroot
+ENROOT_RUNTIME_PATH        ${XDG_RUNTIME_DIR}/enroot
+ENROOT_CACHE_PATH          ${XDG_CACHE_HOME}/enroot
+ENROOT_DATA_PATH           ${XDG_DATA_HOME}/enroot
+ENROOT_SQUASH_OPTIONS -noI -noD
+"""
+
+
+@needs_mount_ns
+def test_compute_node_rewrites_a_preexisting_enroot_conf_idempotently(scripts, weird_root, tmp_path):
+    """The package always installs enroot.conf: our paths must replace its paths, twice in a row to the same file."""
     (weird_root / "scratch").mkdir()
     conf = weird_root / "etc/enroot/enroot.conf"
     conf.parent.mkdir(parents=True)
-    conf.write_text("ENROOT_SQUASH_OPTIONS -noI -noD\nENROOT_CACHE_PATH /var/enroot-cache\n")
+    conf.write_text(PACKAGE_CONF)
     log = tmp_path / "compute.log"
+    results = []
     for _ in range(2):
-        r = subprocess.run(["bash", str(scripts["compute-node.sh"])], env=_env(weird_root, log), capture_output=True, text=True, timeout=60)
+        r = _run_with_mounts(scripts["compute-node.sh"], [weird_root / "scratch"], _env(weird_root, log))
         assert r.returncode == 0, r.stdout + r.stderr
-    lines = conf.read_text().splitlines()
-    assert lines == [
+        results.append(conf.read_text())
+    assert results[0] == results[1]
+    assert results[0].splitlines() == [
+        "# enroot.conf as the enroot package installs it (abridged)",
+        "#ENROOT_LIBRARY_PATH        /usr/lib/enroot",
         "ENROOT_SQUASH_OPTIONS -noI -noD",
         "# BEGIN clustertrain",
         "ENROOT_RUNTIME_PATH /scratch/enroot/runtime/user-$(id -u)",
@@ -119,3 +159,23 @@ def test_compute_node_puts_enroot_on_local_nvme_idempotently(scripts, weird_root
     ]
     for d in ("runtime", "cache", "data", "tmp"):
         assert stat.S_IMODE((weird_root / "scratch/enroot" / d).stat().st_mode) == 0o1777
+
+
+@needs_mount_ns
+def test_compute_node_refuses_a_local_dir_that_is_not_mounted(scripts, weird_root, tmp_path):
+    """As at OnNodeStart, before ParallelCluster's config phase: /scratch exists but is not the NVMe."""
+    (weird_root / "scratch").mkdir()
+    conf = weird_root / "etc/enroot/enroot.conf"
+    conf.parent.mkdir(parents=True)
+    conf.write_text(PACKAGE_CONF)
+    log = tmp_path / "compute.log"
+    r = _run_with_mounts(scripts["compute-node.sh"], [], _env(weird_root, log, CLUSTERTRAIN_MOUNT_TIMEOUT_S="0"))
+    assert r.returncode == 1
+    assert "is not mounted after 0s" in log.read_text()
+    assert conf.read_text() == PACKAGE_CONF and not (weird_root / "scratch/enroot").exists()
+
+
+def test_head_node_script_leaves_enroot_conf_alone(scripts):
+    text = scripts["head-node.sh"].read_text()
+    assert "enroot.conf" not in text.replace("compute-node.sh owns /etc/enroot/enroot.conf", "")
+    assert "CLUSTERTRAIN_MOUNT_CHECK" not in "".join(p.read_text() for p in scripts.values())

@@ -1,4 +1,9 @@
-"""Shared fixtures for the cloud stage: the seed scenario as a project (7 models on 80 x p5e.48xlarge)."""
+"""Shared fixtures for the cloud stage: the seed scenario as a project (7 models on 80 x p5e.48xlarge).
+
+``example_raw()`` is examples/p5e-80x7.yaml as shipped (documentation-style ids, ``aws.example_ids: true``);
+``scenario_raw()`` is the same project once deployed: the ids are replaced by ones that look like real AWS ids
+(random hex), as a user copies them from `clustertrain cluster infra`'s outputs.
+"""
 
 from __future__ import annotations
 
@@ -12,10 +17,42 @@ from clustertrain.project import Project, validate_project
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "examples"
 
+#: what a deployed project has where the example has documentation ids
+DEPLOYED_IDS = {
+    "public_subnet_id": "subnet-0a7c3e91d54b2f860",
+    "private_subnet_id": "subnet-06d2b8f4a1c9e7351",
+    "head_security_group_id": "sg-0e5a19c7b3d48f260",
+    "compute_security_group_id": "sg-03b7d1f9e5a2c6480",
+}
+DEPLOYED_CR = "cr-05e8a2c6f1b9d7340"
+DEPLOYED_POLICY = "arn:aws:iam::482913650271:policy/p5e-80x7-infra-StoragePolicy-1Q2W3E4R5T6Y"
+
+
+def example_raw() -> dict:
+    """examples/p5e-80x7.yaml as a raw mapping, with the aws: changes this stage asks of it (no-ops once it has them)."""
+    raw = yaml.safe_load((EXAMPLES / "p5e-80x7.yaml").read_text())
+    aws = raw["aws"]
+    aws.setdefault("storage_policy_arn", "arn:aws:iam::123456789012:policy/p5e-80x7-storage")
+    aws.setdefault("example_ids", True)
+    for q in aws["queues"]:
+        if q.get("capacity_reservation_id"):
+            q.pop("min_count", None)        # derived: static nodes on reserved capacity
+            q.pop("placement_group", None)  # derived: none beside a targeted ODCR
+    return raw
+
 
 def scenario_raw() -> dict:
-    """examples/p5e-80x7.yaml: the seed scenario (planner inputs and the `aws:` section) as a raw mapping."""
-    return yaml.safe_load((EXAMPLES / "p5e-80x7.yaml").read_text())
+    """The example once deployed: real-looking ids, no example_ids."""
+    raw = example_raw()
+    aws = raw["aws"]
+    aws["network"].update(DEPLOYED_IDS)
+    aws["buckets"] = {"data": "training-data-jakarta", "checkpoints": "checkpoint-jakarta"}  # tests name them; fixed here
+    aws["storage_policy_arn"] = DEPLOYED_POLICY
+    aws["example_ids"] = False
+    for q in aws["queues"]:
+        if q.get("capacity_reservation_id"):
+            q["capacity_reservation_id"] = DEPLOYED_CR
+    return raw
 
 
 @pytest.fixture
@@ -25,7 +62,7 @@ def scenario() -> Project:
 
 @pytest.fixture
 def make_project():
-    """Build a project from the scenario with a function applied to its raw dict."""
+    """Build a project from the (deployed) scenario with a function applied to its raw dict."""
     def build(edit=None) -> Project:
         raw = scenario_raw()
         if edit:

@@ -23,7 +23,7 @@ BAD = [
     ("zero-max", lambda r: _q(r, max_count=0), "aws.queues[0].max_count"),
     ("min-gt-max", lambda r: _q(r, min_count=81), "min_count (81) exceeds max_count (80)"),
     ("spot-odcr", lambda r: _q(r, capacity_type="SPOT"), "cannot be used with capacity_type SPOT"),
-    ("bad-cr", lambda r: _q(r, capacity_reservation_id="cr-xxxxxxxxxxxxx"), "must look like cr-0123456789abcdef0"),
+    ("bad-cr", lambda r: _q(r, capacity_reservation_id="cr-xxxxxxxxxxxxx"), "capacity_reservation_id 'cr-xxxxxxxxxxxxx' must look like"),
     ("queue-name", lambda r: _q(r, name="GPU_queue"), "queue name 'GPU_queue'"),
     ("fsx-capacity", lambda r: _fsx(r, capacity_gb=3000), "capacity_gb 3000 is not valid for PERSISTENT_2"),
     ("fsx-capacity-nearest", lambda r: _fsx(r, capacity_gb=3000), "nearest: 4800"),
@@ -60,9 +60,10 @@ BUILD_BAD = [
                               r["cluster"].update(instance_type="c6i.4xlarge")), "does not support EFA"),
     ("gpu-checks-cpu", lambda r: (_q(r, instance_type="c6i.4xlarge", gpu_health_checks=True),
                                   r["cluster"].update(instance_type="c6i.4xlarge")), "has no NVIDIA GPU"),
-    ("missing-public-subnet", lambda r: r["aws"]["network"].pop("public_subnet_id"), "aws.network.public_subnet_id is missing"),
-    ("missing-private-subnet", lambda r: r["aws"]["network"].pop("private_subnet_id"), "aws.network.private_subnet_id is missing"),
-    ("missing-key-pair", lambda r: r["aws"]["head_node"].pop("key_name"), "aws.head_node.key_name is missing"),
+    ("missing-public-subnet", lambda r: r["aws"]["network"].pop("public_subnet_id"), "aws.network.public_subnet_id: the head node subnet is missing"),
+    ("missing-private-subnet", lambda r: r["aws"]["network"].pop("private_subnet_id"), "aws.network.private_subnet_id: the compute/FSx subnet"),
+    ("missing-key-pair", lambda r: r["aws"]["head_node"].pop("key_name"), "aws.head_node.key_name: no EC2 key pair"),
+    ("missing-storage-policy", lambda r: r["aws"].pop("storage_policy_arn"), "aws.storage_policy_arn: no IAM policy gives the nodes S3 access"),
     ("partition", lambda r: _q(r, name="other"), "cluster.partition"),
     ("unknown-region", lambda r: r["aws"].update(region="xx-nowhere-1", availability_zone=None), "not an AWS region known"),
 ]
@@ -74,6 +75,36 @@ def test_build_rejects_with_field_and_fix(make_project, case_id, edit, text):
     with pytest.raises(ConfigError) as err:
         build_cluster_config(project)
     assert text in str(err.value), str(err.value)
+
+
+def _queue(r, **kw):
+    r["aws"]["queues"][0].update(kw)
+
+
+@pytest.mark.parametrize("edit,min_count,placement,drain", [
+    (None, 80, False, True),                                                                   # targeted ODCR (the scenario)
+    (lambda r: _queue(r, capacity_type="CAPACITY_BLOCK"), 80, False, True),                    # Capacity Block
+    (lambda r: _queue(r, capacity_reservation_id=None), 0, True, False),                        # plain on-demand
+    (lambda r: _queue(r, min_count=10, placement_group=True), 10, True, True),                 # explicit values win
+], ids=["odcr", "capacity-block", "on-demand", "explicit"])
+def test_reserved_capacity_defaults_to_static_nodes_no_placement_group_and_drain(make_project, edit, min_count, placement, drain):
+    config = build_cluster_config(make_project(edit))
+    q = config["Scheduling"]["SlurmQueues"][0]
+    assert q["ComputeResources"][0]["MinCount"] == min_count
+    assert q["ComputeResources"][0]["MaxCount"] == 80
+    assert q["Networking"]["PlacementGroup"] == {"Enabled": placement}
+    assert (config["Scheduling"]["SlurmSettings"].get("QueueUpdateStrategy") == "DRAIN") is drain
+
+
+def test_nodes_get_our_policy_and_never_s3access(scenario):
+    from tests.unit.cloud.conftest import DEPLOYED_POLICY
+
+    config = build_cluster_config(scenario)
+    head, queue = config["HeadNode"]["Iam"], config["Scheduling"]["SlurmQueues"][0]["Iam"]
+    assert "S3Access" not in head and "S3Access" not in queue
+    assert queue["AdditionalIamPolicies"] == [{"Policy": DEPLOYED_POLICY}]
+    assert head["AdditionalIamPolicies"] == [{"Policy": DEPLOYED_POLICY},
+                                             {"Policy": "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"}]
 
 
 def test_fsx_rules_match_the_documented_steps():

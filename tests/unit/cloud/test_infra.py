@@ -77,23 +77,33 @@ def test_buckets_are_private_encrypted_tls_only_and_checkpoints_versioned(templa
                            "Resource": [{"Fn::GetAtt": [name, "Arn"]}, {"Fn::Sub": f"${{{name}.Arn}}/*"}],
                            "Condition": {"Bool": {"aws:SecureTransport": "false"}}}]
         assert b["DeletionPolicy"] == "Retain"
-    assert buckets["CheckpointBucket"]["Properties"]["VersioningConfiguration"] == {"Status": "Enabled"}
 
 
-def test_compute_policy_is_least_privilege(template):
-    statements = template["Resources"]["ComputeNodePolicy"]["Properties"]["PolicyDocument"]["Statement"]
+def test_storage_policy_grants_our_prefixes_only(template):
+    statements = template["Resources"]["StoragePolicy"]["Properties"]["PolicyDocument"]["Statement"]
+    sub = lambda arn: {"Fn::Sub": f"arn:${{AWS::Partition}}:s3:::{arn}"}  # noqa: E731
     by_sid = {s["Sid"]: s for s in statements}
+    assert set(by_sid) == {"ListOurBuckets", "ReadData", "CheckpointBackups", "PublishDatasets"}
     for s in statements:
         assert s["Effect"] == "Allow"
         assert all("*" not in a for a in s["Action"]), s
-        assert all(r != "*" for r in s["Resource"]), s
-    assert by_sid["ReadData"]["Action"] == ["s3:GetObject"]
-    assert by_sid["ReadData"]["Resource"] == [{"Fn::Sub": "${DataBucket.Arn}/*"}]
-    assert "s3:PutObject" in by_sid["WriteCheckpoints"]["Action"]
-    assert by_sid["WriteCheckpoints"]["Resource"] == [{"Fn::Sub": "${CheckpointBucket.Arn}/*"}]
-    writes = [s for s in statements if "s3:PutObject" in s["Action"]]
-    assert writes == [by_sid["WriteCheckpoints"]], "nothing but the checkpoint bucket is writable"
-    assert not any("Delete" in a for s in statements for a in s["Action"])
+    assert by_sid["ListOurBuckets"]["Resource"] == [sub("training-data-jakarta"), sub("checkpoint-jakarta")]
+    assert by_sid["ReadData"] == {"Sid": "ReadData", "Effect": "Allow", "Action": ["s3:GetObject"],
+                                  "Resource": [sub("training-data-jakarta/*")]}
+    assert by_sid["CheckpointBackups"]["Resource"] == [sub("checkpoint-jakarta/checkpoints/*")]
+    assert by_sid["PublishDatasets"]["Resource"] == [sub("training-data-jakarta/datasets/*")]
+    writes = {a for s in statements for a in s["Action"] if a != "s3:GetObject"} - {"s3:ListBucket", "s3:ListBucketMultipartUploads"}
+    assert writes == {"s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"}
+    deleting = [r for s in statements if "s3:DeleteObject" in s["Action"] for r in s["Resource"]]
+    assert deleting == [sub("checkpoint-jakarta/checkpoints/*"), sub("training-data-jakarta/datasets/*")], "deletes only under our prefixes"
+    assert template["Outputs"]["StoragePolicyArn"] == {"Value": {"Ref": "StoragePolicy"}, "Description": "aws.storage_policy_arn"}
+
+
+def test_both_buckets_start_versioned(template):
+    for name in ("DataBucket", "CheckpointBucket"):
+        props = template["Resources"][name]["Properties"]
+        assert props["VersioningConfiguration"] == {"Status": "Enabled"}, name
+        assert props["LifecycleConfiguration"]["Rules"][0]["NoncurrentVersionExpiration"] == {"NoncurrentDays": 30}
 
 
 def test_no_account_id_or_key_material(scenario, template):

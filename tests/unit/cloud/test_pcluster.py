@@ -49,12 +49,15 @@ def test_generated_config_passes_the_schema_and_our_rules(raw_factory):
 
 
 def test_scenario_config_content(scenario):
+    from tests.unit.cloud.conftest import DEPLOYED_CR, DEPLOYED_POLICY
+
     c = build_cluster_config(scenario)
     q = c["Scheduling"]["SlurmQueues"][0]
     r = q["ComputeResources"][0]
-    assert (r["InstanceType"], r["MaxCount"], r["Efa"]) == ("p5e.48xlarge", 80, {"Enabled": True})
-    assert r["CapacityReservationTarget"] == {"CapacityReservationId": "cr-0123456789abcdef0"}
-    assert q["Networking"]["PlacementGroup"] == {"Enabled": True}
+    assert (r["InstanceType"], r["MinCount"], r["MaxCount"], r["Efa"]) == ("p5e.48xlarge", 80, 80, {"Enabled": True})
+    assert r["CapacityReservationTarget"] == {"CapacityReservationId": DEPLOYED_CR}
+    assert q["Networking"]["PlacementGroup"] == {"Enabled": False}
+    assert c["Scheduling"]["SlurmSettings"]["QueueUpdateStrategy"] == "DRAIN"
     assert q["HealthChecks"] == {"Gpu": {"Enabled": True}}
     assert q["ComputeSettings"]["LocalStorage"]["EphemeralVolume"] == {"MountDir": "/scratch"}
     fsx = [(s["MountDir"], s["FsxLustreSettings"]["StorageCapacity"], s["FsxLustreSettings"]["PerUnitStorageThroughput"],
@@ -63,9 +66,9 @@ def test_scenario_config_content(scenario):
     assert c["Monitoring"]["Logs"]["CloudWatch"] == {"Enabled": True, "RetentionInDays": 14}
     assert {"Key": "Project", "Value": "DistributedTraining"} in c["Tags"]
     assert c["HeadNode"]["CustomActions"]["OnNodeConfigured"]["Script"].endswith("/head-node.sh")
-    assert q["CustomActions"]["OnNodeStart"]["Script"].endswith("/compute-node.sh")
-    assert q["Iam"]["S3Access"] == [{"BucketName": "training-data-jakarta"},
-                                    {"BucketName": "checkpoint-jakarta", "EnableWriteAccess": True}]
+    assert list(q["CustomActions"]) == ["OnNodeConfigured"]
+    assert q["CustomActions"]["OnNodeConfigured"]["Script"].endswith("/compute-node.sh")
+    assert q["Iam"] == {"AdditionalIamPolicies": [{"Policy": DEPLOYED_POLICY}]}
 
 
 def test_seed_yaml_fails_the_schema_with_the_known_problems():

@@ -11,7 +11,6 @@ import typer
 from pydantic import ValidationError
 
 from clustertrain.cli.common import user_errors
-from clustertrain.layout import storage_layout
 
 app = typer.Typer(help="Validate a cluster: environment scans, NCCL/gloo collectives, storage, benchmark logs.",
                   no_args_is_help=True)
@@ -37,7 +36,8 @@ def scan(
 def collectives(
     ops: Annotated[str, typer.Option(help="Comma-separated collectives.")] = "all_reduce,all_gather,broadcast,reduce,reduce_scatter,alltoall",
     min_bytes: Annotated[str, typer.Option(help="Smallest size: 8, 1K, 4M, 4G.")] = "8",
-    max_bytes: Annotated[str, typer.Option(help="Largest size: 8, 1K, 4M, 4G.")] = "64M",
+    max_bytes: Annotated[str | None, typer.Option(
+        help="Largest size: 8, 1K, 4M, 4G (default: 1G on NCCL/GPU, where bandwidth bands apply; 1M on gloo/CPU).")] = None,
     factor: Annotated[int, typer.Option(help="Size multiplier.")] = 2,
     iters: Annotated[int, typer.Option(help="Timed iterations per size.")] = 20,
     warmup: Annotated[int, typer.Option(help="Warm-up iterations per size.")] = 5,
@@ -56,7 +56,7 @@ def collectives(
     with user_errors():
         try:
             spec = CollectivesConfig(ops=[o.strip() for o in ops.split(",") if o.strip()], min_bytes=parse_size(min_bytes),
-                                     max_bytes=parse_size(max_bytes), factor=factor, iters=iters, warmup=warmup,
+                                     max_bytes=parse_size(max_bytes) if max_bytes else None, factor=factor, iters=iters, warmup=warmup,
                                      timeout_s=timeout, backend=backend, nproc=nproc, fault=fault)
         except ValidationError as e:
             err = e.errors()[0]
@@ -80,12 +80,22 @@ def collectives(
 def parse(
     file: Annotated[Path, typer.Argument(help="nccl-tests / IOR / mdtest log, or fio JSON.")],
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    expect_efa: Annotated[bool, typer.Option("--expect-efa", help="nccl-tests log of an EFA cluster: fail unless every "
+                                             "process used aws-ofi-nccl with provider efa (NCCL_DEBUG=INFO).")] = False,
+    instance_type: Annotated[str | None, typer.Option(help="With --expect-efa: also check the aws-ofi-nccl version "
+                                                      "against this type's minimum (requirements.yaml).")] = None,
 ) -> None:
     """Parse a benchmark log (tool detected from the content); exit 1 when it shows a failure."""
-    from clustertrain.validate import collectives_table, parse_output_file, storage_table
+    from clustertrain.validate import collectives_table, parse_output_file, storage_table, transport_rows
 
     with user_errors():
         run = parse_output_file(file)
+        if expect_efa and run.kind == "collectives":
+            for row in transport_rows([file.read_text(errors="replace")], backend="nccl", efa_expected=True,
+                                      instance_type=instance_type):
+                if row.verdict == "fail":
+                    run.problems.append(f"{row.check}: {row.found}; {row.detail}")
+                    run.failed = True
     if json_out:
         typer.echo(run.model_dump_json(indent=2))
     else:
@@ -99,6 +109,8 @@ def storage(
     size: Annotated[str, typer.Option(help="Data written then read per path: 64M, 1G...")] = "256M",
     files: Annotated[int, typer.Option(help="Files for the metadata rates.")] = 1000,
     engine: Annotated[str, typer.Option(help="auto (fio if installed), fio or python.")] = "auto",
+    cache: Annotated[str, typer.Option(help="Keep the page cache out: auto (O_DIRECT, else drop caches, else a file "
+                                            "larger than RAM, else none), direct, drop or buffered.")] = "auto",
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Sequential write/read throughput and create/stat/unlink rates per path; exit 1 on failure."""
@@ -107,7 +119,10 @@ def storage(
     with user_errors():
         if engine not in ("auto", "fio", "python"):
             raise ValidateError(f"--engine {engine!r} is unknown; valid engines are: auto, fio, python")
-        cfg = StorageBenchConfig(size_mib=max(parse_size(size) // (1024 * 1024), 1), files=files, engine=engine)
+        if cache not in ("auto", "direct", "drop", "buffered"):
+            raise ValidateError(f"--cache {cache!r} is unknown; valid values are: auto, direct, drop, buffered")
+        cfg = StorageBenchConfig(size_mib=max(parse_size(size) // (1024 * 1024), 1), files=files, engine=engine,
+                                 cache=cache)  # type: ignore[arg-type]
         run = run_storage_bench(list(paths), cfg)
     typer.echo(run.model_dump_json(indent=2) if json_out else storage_table(run))
     raise typer.Exit(1 if run.failed else 0)
@@ -121,7 +136,8 @@ def suite(
     start_timeout: Annotated[float, typer.Option(help="Per-job limit while pending, seconds.")] = 600.0,
     ops: Annotated[str, typer.Option(help="Collectives, comma-separated.")] = "all_reduce,all_gather,broadcast,reduce,reduce_scatter,alltoall",
     min_bytes: Annotated[str, typer.Option(help="Smallest collective size.")] = "8",
-    max_bytes: Annotated[str, typer.Option(help="Largest collective size (bands need e.g. 1G+ on GPUs).")] = "64M",
+    max_bytes: Annotated[str | None, typer.Option(
+        help="Largest collective size (default: up to the bandwidth bands, >= 1G, on GPUs; 1M on CPU).")] = None,
     iters: Annotated[int, typer.Option(help="Timed iterations per size.")] = 10,
     warmup: Annotated[int, typer.Option(help="Warm-up iterations per size.")] = 5,
     op_timeout: Annotated[float, typer.Option(help="Per-operation (and rendezvous) timeout of the collectives, s.")] = 60.0,
@@ -142,15 +158,20 @@ def suite(
 
     with user_errors():
         project = load_project(project_file, set_ or [])
+        # ---- `clustertrain check` goes here (lead): refuse on its errors before anything is planned or submitted.
         if engine not in ("auto", "fio", "python"):
             raise ValidateError(f"--engine {engine!r} is unknown; valid engines are: auto, fio, python")
+        table = s.load_thresholds(thresholds)
+        cl = project.cluster
+        top = parse_size(max_bytes) if max_bytes else s.default_max_bytes(
+            table, s.thresholds_key(table, cl.instance_type, cl.gpus_per_node), cl.gpus_per_node, parse_size(min_bytes))
         launcher = SlurmLauncher(launch=project.launch)
         count = s.resolve_nodes(nodes, project, s.partition_nodes(launcher.env, project.cluster.partition))
         try:
             cfg = s.SuiteConfig(
                 nodes=count, job_timeout_s=timeout, start_timeout_s=start_timeout,
                 collectives=CollectivesConfig(ops=[o.strip() for o in ops.split(",") if o.strip()],
-                                              min_bytes=parse_size(min_bytes), max_bytes=parse_size(max_bytes),
+                                              min_bytes=parse_size(min_bytes), max_bytes=top,
                                               iters=iters, warmup=warmup, timeout_s=op_timeout, fault=inject_fault),
                 storage=StorageBenchConfig(size_mib=max(parse_size(storage_size) // (1 << 20), 1), files=storage_files,
                                            engine=engine))
@@ -159,10 +180,9 @@ def suite(
             raise ValidateError(f"--{'-'.join(str(x) for x in err['loc'][-1:])}: "
                                 f"{err['msg'].removeprefix('Value error, ')}") from None
         cfg.collectives.sizes()
-        table = s.load_thresholds(thresholds)
         if dry_run:
-            paths = s.SuitePaths(storage_layout(project).validation_dir() / "DRY-RUN")
-            jobs, skipped = s.plan_suite(project, cfg, paths)
+            paths = s.SuitePaths(s.validation_base(project) / "DRY-RUN")
+            jobs, skipped = s.plan_suite(project, cfg, paths, table)
             for job in jobs:
                 typer.echo(f"# ---- {job.name}: {paths.script(job.name)}\n{s.render_job(job, paths)}")
             for name in skipped:

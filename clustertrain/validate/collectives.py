@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from clustertrain.validate.results import ALL_OPS, CollectiveReport, CollectiveRow, CollectiveRun, ValidateError, bus_factor
+from clustertrain.validate.thresholds import CPU_SWEEP_MAX_BYTES, GPU_SWEEP_MIN_BYTES
 
 _FAULT_RE = re.compile(r"^(hang|corrupt|exit):(\d+):(\w+)$|^absent:(\d+)$")
 
@@ -44,7 +45,8 @@ class CollectivesConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     ops: list[str] = Field(default_factory=lambda: list(ALL_OPS), description="Collectives to run, in order.")
     min_bytes: int = Field(default=8, ge=4, description="Smallest message size in bytes.")
-    max_bytes: int = Field(default=64 * 1024 * 1024, ge=4, description="Largest message size in bytes.")
+    max_bytes: int | None = Field(default=None, ge=4, description="Largest message size in bytes; None: 1 GiB on NCCL "
+                                                                 "(where bandwidth bands apply), 1 MiB on gloo (CPU).")
     factor: int = Field(default=2, ge=2, description="Size multiplier between steps.")
     iters: int = Field(default=20, ge=1, description="Timed iterations per size.")
     warmup: int = Field(default=5, ge=0, description="Untimed iterations per size.")
@@ -68,11 +70,18 @@ class CollectivesConfig(BaseModel):
             raise ValueError("fault must look like hang:1:all_reduce, corrupt:1:all_gather, exit:1:broadcast or absent:1")
         return v
 
-    def sizes(self) -> list[int]:
-        if self.max_bytes < self.min_bytes:
-            raise ValidateError(f"max_bytes {self.max_bytes} is below min_bytes {self.min_bytes}; swap them")
+    def top(self, backend: str | None = None) -> int:
+        """``max_bytes``, or the default for ``backend`` (1 GiB on nccl, 1 MiB on gloo) when it is None."""
+        if self.max_bytes is not None:
+            return self.max_bytes
+        return GPU_SWEEP_MIN_BYTES if (backend or self.backend) == "nccl" else CPU_SWEEP_MAX_BYTES
+
+    def sizes(self, backend: str | None = None) -> list[int]:
+        top = self.top(backend)
+        if top < self.min_bytes:
+            raise ValidateError(f"max_bytes {top} is below min_bytes {self.min_bytes}; swap them")
         out, s = [], self.min_bytes
-        while s <= self.max_bytes:
+        while s <= top:
             out.append(s)
             s *= self.factor
         return out
@@ -164,7 +173,7 @@ class _Runner:
 
     def _buffers(self, op: str, total: int, chunk: int):
         t = self.torch
-        idx = t.arange(total, dtype=t.int64)
+        idx = t.arange(total, dtype=t.int64, device=self.device)  # built where it is used: 1 GiB sizes on GPUs
         if op == "alltoall":
             inp = _value(self.rank, idx % chunk, idx // chunk).to(t.float32)
             return inp.to(self.device), t.empty(total, dtype=t.float32, device=self.device)
@@ -207,7 +216,7 @@ class _Runner:
 
     def _expected(self, op: str, total: int, chunk: int):
         t = self.torch
-        idx = t.arange(total, dtype=t.int64)
+        idx = t.arange(total, dtype=t.int64, device=self.device)
         ranks = range(self.n)
         if op == "all_reduce":
             return sum(_value(r, idx) for r in ranks).to(t.float32)
@@ -260,7 +269,7 @@ class _Runner:
         inp, out = self._buffers(op, total, chunk)
         self._maybe_fault(op, "input", inp)
         self._wait(self._launch(op, inp, out), f"{op} {size} B check")
-        got = (out if out is not None else inp).cpu()
+        got = out if out is not None else inp
         exp = self._expected(op, total, chunk)
         row.wrong = 0 if exp is None else int((got != exp).sum().item())
         return row
@@ -298,7 +307,7 @@ def _run_rank(spec: CollectivesConfig, env: JobEnv) -> CollectiveRun | None:
     broken = None
     for op in spec.ops:
         rep = CollectiveReport(op=op, nranks=env.world_size, complete=True)
-        for nbytes in spec.sizes():
+        for nbytes in spec.sizes(backend):
             if broken:
                 break
             try:
@@ -439,6 +448,11 @@ def launch_local(spec: CollectivesConfig) -> CollectiveRun:
 def run_collectives(spec: CollectivesConfig | None = None, environ: dict[str, str] | None = None) -> CollectiveRun:
     """Run the benchmark: inside a job on its ranks (rank 0 gets the merged run), else on local processes."""
     spec = spec or CollectivesConfig()
+    if spec.max_bytes is None:  # the default sweep depends on the backend: resolve it once, here
+        import torch
+
+        backend = spec.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        spec = spec.model_copy(update={"max_bytes": spec.top(backend)})
     spec.sizes()
     env = job_env(environ)
     if env is None:

@@ -14,7 +14,8 @@ What the text can look like (learned from published runs; our own samples are in
   legacy all_gather has no ``redop``; legacy alltoall leaves ``redop`` empty (one token short).
   Columns can overflow their width, so rows are split on whitespace and mapped by header name.
 * ``#wrong`` may be ``N/A`` (not checked, e.g. in-place alltoall).
-* ``NCCL INFO`` / ``NCCL WARN`` / ``NCCL version`` lines anywhere, including between rows.
+* ``NCCL INFO`` / ``NCCL WARN`` / ``NCCL version`` lines anywhere, including between rows; the network
+  NCCL used is read from them by :func:`clustertrain.validate.transport.detect_transport`.
 * Trailer ``# Out of bounds values : N OK|FAILED`` and ``# Avg bus bandwidth : X [OK|FAILED]``.
   A run that dies (crash, kill, hang) never prints the trailer; failures print
   ``Test CUDA failure ...`` / ``Test NCCL failure ...`` / `` .. host pid N: Test failure ...``.
@@ -27,6 +28,7 @@ from __future__ import annotations
 import re
 
 from clustertrain.validate.results import ALL_OPS, CollectiveReport, CollectiveRow, CollectiveRun, bus_factor
+from clustertrain.validate.transport import detect_transport  # noqa: F401  (the NCCL log formats live there)
 
 _PREFIXES = (
     re.compile(r"^\s*\[\d+,\d+\]<(stdout|stderr)>:"),  # Open MPI --tag-output
@@ -40,9 +42,6 @@ _RANK_RE = re.compile(r"^#\s+Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+
 _START_RE = re.compile(r"^#\s*Collective test starting:\s*(\S+)|^=+\s*Starting\s+(\S+)")
 _AVG_RE = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*(\S+)\s*(OK|FAILED)?")
 _OOB_RE = re.compile(r"^#\s*Out of bounds values\s*:\s*(\d+)\s*(OK|FAILED)?")
-_NCCL_VER_RE = re.compile(r"NCCL version (\d+\.\d+\.\d+\S*)")
-_OFI_VER_RE = re.compile(r"NET/OFI (?:Using|Initializing) aws-ofi-nccl (\S+)")
-_PROVIDER_RE = re.compile(r"NET/OFI Selected [Pp]rovider is (\w+)")
 
 
 def strip_prefix(line: str) -> tuple[str, bool]:
@@ -60,34 +59,6 @@ def strip_prefix(line: str) -> tuple[str, bool]:
             continue
         break
     return line.strip(), is_err
-
-
-def detect_transport(text: str) -> dict:
-    """Which network NCCL used, from ``NCCL_DEBUG=INFO`` lines.
-
-    Returns ``{"transport": "EFA"|"OFI"|"IB"|"Socket"|None, "provider": ..., "nccl_version": ...,
-    "ofi_nccl_version": ..., "socket_fallback": bool}``. ``Socket`` on a cluster with EFA means NCCL
-    fell back to TCP (plugin not found, ``FI_PROVIDER`` wrong, devices not mounted in the container).
-    """
-    provider = None
-    if m := _PROVIDER_RE.search(text):
-        provider = m.group(1)
-    ofi = bool(re.search(r"Using network AWS Libfabric|NET/OFI|via NET/AWS Libfabric|Using network Libfabric", text))
-    socket = bool(re.search(r"Using network Socket|via NET/Socket", text))
-    ib = bool(re.search(r"Using network IB\b|via NET/IB", text))
-    transport = None
-    if ofi and re.search(r"Using network (AWS )?Libfabric|via NET/(AWS )?Libfabric", text):
-        transport = "EFA" if (provider in (None, "efa")) else f"OFI ({provider})"
-    elif ib:
-        transport = "IB"
-    elif socket:
-        transport = "Socket"
-    elif ofi:
-        transport = "EFA" if provider == "efa" else None
-    nv = _NCCL_VER_RE.search(text)
-    ov = _OFI_VER_RE.search(text)
-    return {"transport": transport, "provider": provider, "nccl_version": nv.group(1) if nv else None,
-            "ofi_nccl_version": ov.group(1) if ov else None, "socket_fallback": socket and transport == "Socket"}
 
 
 def _num(tok: str) -> float | None:

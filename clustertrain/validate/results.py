@@ -141,6 +141,9 @@ class StorageResult(_Stored):
         default_factory=dict, description="Every operation the tool reported: name -> {max, min, mean, stddev, ...}."
     )
     tasks: int | None = Field(default=None, description="Parallel tasks/jobs the tool ran.")
+    cache_bypass: str | None = Field(
+        default=None, description="How the page cache was kept out of the throughput (our own runs): direct "
+                                  "(O_DIRECT), drop_caches, larger_than_ram, or none (reads may come from memory).")
     notes: list[str] = Field(default_factory=list, description="How the figures were obtained.")
 
 

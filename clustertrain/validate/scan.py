@@ -3,7 +3,9 @@
 Each check reads the real source through :mod:`clustertrain.validate.probes` and is compared with
 the requirements table ``requirements.yaml`` (DATA, model :class:`RequirementsConfig`): per role,
 which checks apply and at which level (``required`` -> fail, ``recommended`` -> warn, ``absent`` ->
-not needed), per instance family the GPU and EFA counts, and the minimum versions.
+not needed), per instance family or type the GPU and EFA counts, and the minimum versions — the base
+ones raised per instance family/type (:func:`~clustertrain.validate.requirements.minimums_for`; a
+version below the minimum names where the minimum comes from).
 A result is ``pass`` / ``warn`` / ``fail`` / ``not-applicable`` with what was found and what is
 required; a missing tool is "not found", never an exception.
 """
@@ -12,50 +14,20 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from clustertrain.validate import probes
 from clustertrain.validate.probes import Finding, version_at_least
+from clustertrain.validate.requirements import (  # noqa: F401  (re-exported: the table's format lives there)
+    DEFAULT_REQUIREMENTS, FamilyConfig, Level, Minimum, MinimumsConfig, RequirementsConfig, Role, family_entry,
+    load_requirements, minimums_for,
+)
 from clustertrain.validate.results import ValidateError
 
-Role = Literal["head", "compute", "container"]
-Level = Literal["required", "recommended", "absent"]
 Status = Literal["pass", "warn", "fail", "not-applicable"]
 ROLES = ("head", "compute", "container")
-DEFAULT_REQUIREMENTS = Path(__file__).with_name("requirements.yaml")
-
-
-class FamilyConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    gpus: int = Field(ge=0, description="GPUs a node of this family must have.")
-    efa_devices: int = Field(ge=0, description="EFA devices a node of this family must have.")
-    gpu_name: str | None = Field(default=None, description="Substring expected in the GPU name (warn if different).")
-
-
-class MinimumsConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    cuda_driver: str = Field(description="Minimum NVIDIA driver version.")
-    efa_installer: str = Field(description="Minimum EFA installer version.")
-    cuda: str = Field(description="Minimum CUDA toolkit version in the container.")
-    nccl: str = Field(description="Minimum NCCL version in the container.")
-    aws_ofi_nccl: str = Field(description="Minimum aws-ofi-nccl plugin version.")
-    torch: str = Field(description="Minimum PyTorch version.")
-
-
-class RequirementsConfig(BaseModel):
-    """The requirements table (``requirements.yaml``)."""
-
-    model_config = ConfigDict(extra="forbid")
-    version: int = Field(description="Table format version (1).")
-    minimums: MinimumsConfig = Field(description="Minimum versions.")
-    families: dict[str, FamilyConfig] = Field(description="Per instance family (p5, p5e...); 'default' for others.")
-    shared_mounts: list[str] = Field(description="Shared file system mount points (glob patterns).")
-    scratch_mounts: list[str] = Field(description="Node-local scratch mount points (glob patterns).")
-    roles: dict[Role, dict[str, Level]] = Field(description="Per role: check name -> level.")
 
 
 class CheckResult(BaseModel):
@@ -76,22 +48,6 @@ class ScanReport(BaseModel):
     failed: bool = Field(description="True when any check failed.")
 
 
-def load_requirements(path: str | Path | None = None) -> RequirementsConfig:
-    p = Path(path) if path else DEFAULT_REQUIREMENTS
-    try:
-        data = yaml.safe_load(p.read_text())
-    except OSError as e:
-        raise ValidateError(f"{p}: cannot read requirements table ({e.strerror})") from None
-    except yaml.YAMLError as e:
-        raise ValidateError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
-    try:
-        return RequirementsConfig.model_validate(data)
-    except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"])
-        raise ValidateError(f"{p}: {loc}: {err['msg']}; see clustertrain/validate/requirements.yaml for the layout") from None
-
-
 def _status(level: Level, ok: bool | None) -> Status:
     """ok True -> pass; False (missing/too old) -> by level; None (found, version unreadable) -> warn."""
     if ok:
@@ -103,12 +59,14 @@ def _status(level: Level, ok: bool | None) -> Status:
     return "fail" if level == "required" else "warn"
 
 
-def _versioned(name: str, level: Level, f: Finding, minimum: str) -> CheckResult:
-    req = f">= {minimum}"
+def _versioned(name: str, level: Level, f: Finding, minimum: Minimum) -> CheckResult:
+    req = f">= {minimum.version}"
     if f.found is None:
         return CheckResult(name=name, status=_status(level, False), found="not found", required=req, detail=f.detail)
-    ok = version_at_least(f.version, minimum)
+    ok = version_at_least(f.version, minimum.version)
     detail = f.detail + ("" if ok is not None else "; version unreadable")
+    if ok is False:
+        detail += f"; minimum from {minimum.source}"
     return CheckResult(name=name, status=_status(level, ok), found=f.found, required=req, detail=detail.strip("; "))
 
 
@@ -125,11 +83,8 @@ def scan(role: str, instance_type: str | None = None, requirements: Requirements
         raise ValidateError(f"role {role!r} is unknown; valid roles are: {', '.join(ROLES)}")
     req = requirements or load_requirements()
     itype = instance_type or probes.probe_instance_type()
-    family = itype.split(".")[0] if itype else "default"
-    fam = req.families.get(family) or req.families.get("default") or FamilyConfig(gpus=1, efa_devices=1)
-    if family not in req.families:
-        family = "default"
-    mins = req.minimums
+    family, fam = family_entry(req, itype)
+    mins = minimums_for(req, itype)
     cache: dict[str, Finding] = {}
 
     def once(key: str, fn: Callable[[], Finding]) -> Finding:
@@ -163,10 +118,10 @@ def scan(role: str, instance_type: str | None = None, requirements: Requirements
 
     checks: dict[str, Callable[[Level], CheckResult]] = {
         "gpu": gpu,
-        "cuda_driver": lambda lv: _versioned("cuda_driver", lv, once("gpu", probes.probe_gpus), mins.cuda_driver),
+        "cuda_driver": lambda lv: _versioned("cuda_driver", lv, once("gpu", probes.probe_gpus), mins["cuda_driver"]),
         "efa": efa,
         "efa_installer": lambda lv: _versioned("efa_installer", lv, once("efai", probes.probe_efa_installer),
-                                               mins.efa_installer),
+                                               mins["efa_installer"]),
         "libfabric": lambda lv: _present("libfabric", lv, once("lf", probes.probe_libfabric)),
         "enroot": lambda lv: _present("enroot", lv, once("enroot", lambda: probes.probe_command_version(
             [["enroot", "version"]]))),
@@ -178,12 +133,12 @@ def scan(role: str, instance_type: str | None = None, requirements: Requirements
                                        "node-local scratch mounted"),
         "shared_fs": lambda lv: _present("shared_fs", lv, once("shared", lambda: probes.probe_mounts(req.shared_mounts)),
                                          "shared file system (FSx) mounted"),
-        "cuda": lambda lv: _versioned("cuda", lv, once("cuda", probes.probe_cuda_toolkit), mins.cuda),
-        "nccl": lambda lv: _versioned("nccl", lv, once("nccl", probes.probe_nccl), mins.nccl),
+        "cuda": lambda lv: _versioned("cuda", lv, once("cuda", probes.probe_cuda_toolkit), mins["cuda"]),
+        "nccl": lambda lv: _versioned("nccl", lv, once("nccl", probes.probe_nccl), mins["nccl"]),
         "aws_ofi_nccl": lambda lv: _versioned("aws_ofi_nccl", lv, once("ofi", lambda: probes.probe_aws_ofi_nccl(
-            os.environ.get("LD_LIBRARY_PATH", ""))), mins.aws_ofi_nccl),
+            os.environ.get("LD_LIBRARY_PATH", ""))), mins["aws_ofi_nccl"]),
         "torch": lambda lv: _versioned("torch", lv, once("torch", lambda: probes.probe_python_package(["torch"], "torch")),
-                                       mins.torch),
+                                       mins["torch"]),
         "megatron": lambda lv: _present("megatron", lv, once("megatron", lambda: probes.probe_python_package(
             ["megatron-core", "megatron-lm"], "megatron"))),
     }

@@ -12,15 +12,21 @@ The jobs:
 * ``gpu-efa`` — ``nvidia-smi --query-gpu``, ``fi_info -p efa -t FI_EP_RDM``, ``nvidia-smi nvlink -s``
   per node; not submitted (not applicable) when ``gpus_per_node`` is 0.
 * ``collectives`` — ``srun python -m clustertrain validate collectives --json`` over all ranks (NCCL on
-  GPU, gloo on CPU), with the project's NCCL/EFA rank environment.
-* ``storage-K`` — ``clustertrain validate storage --json`` on one node, one job per mount:
-  ``storage.root`` and every ``aws.fsx[].mount_dir``.
+  GPU, gloo on CPU), with the project's NCCL/EFA rank environment; on NCCL also ``NCCL_DEBUG=INFO``
+  (subsystems INIT,NET) into ``results/collectives/nccl-<host>-<pid>.log``, from which the transport
+  verdict is read (:mod:`clustertrain.validate.transport`). The default sweep reaches the bandwidth
+  bands (:func:`~clustertrain.validate.thresholds.default_max_bytes`).
+* ``storage-K`` — ``clustertrain validate storage --json`` on one node, one job per place jobs write
+  (:func:`storage_targets`: the shared mounts holding the storage layout's bases, then each
+  ``aws.fsx[].mount_dir``; a project without shared mounts benchmarks its run directories' base).
 
 Each job has its own time limit: :func:`run_suite` cancels a job still running past ``job_timeout_s``
 (or pending past ``start_timeout_s``) and turns it into a failed verdict. Thresholds are data
-(``thresholds.yaml``, :class:`ThresholdsConfig`), looked up per instance type.
+(``thresholds.yaml``, :mod:`clustertrain.validate.thresholds`), looked up per instance type.
 
-On disk, ``<storage.root>/validation/<project>/<YYYYmmdd-HHMMSS>/`` (:class:`SuitePaths`) holds
+On disk, the storage layout's ``validation_dir()`` (``<outputs>/<project>/validation/``; an ``aws:``
+project must have it on a shared mount, else the suite refuses naming the field), then
+``<YYYYmmdd-HHMMSS>/`` (:class:`SuitePaths`) holds
 ``jobs/<job>.sbatch``, ``logs/<job name>-<id>.out``, ``results/<job>/`` (what the steps wrote) and
 ``report.json`` (:class:`SuiteReport`, ``format_version`` 1), written last and atomically.
 """
@@ -35,97 +41,48 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from clustertrain import __version__
 from clustertrain.errors import LaunchError
 from clustertrain.launch.presets import RankEnvironment, rank_environment
 from clustertrain.launch.sbatch import check_renderable, render_template, slurm_filename
-from clustertrain.layout import mount_of, storage_layout
+from clustertrain.layout import mount_of, off_mount_problems, storage_layout
 from clustertrain.project import Project
+from clustertrain.validate.checks import CheckRow, Verdict, worst  # noqa: F401  (re-exported)
 from clustertrain.validate.collectives import CollectivesConfig
 from clustertrain.validate.probes import parse_fi_info, parse_nvidia_smi_csv
-from clustertrain.validate.results import CollectiveRun, StorageRun, ValidateError, format_size, parse_size
-from clustertrain.validate.scan import ScanReport, load_requirements
+from clustertrain.validate.requirements import family_entry, load_requirements
+from clustertrain.validate.results import CollectiveRun, StorageRun, ValidateError
+from clustertrain.validate.scan import ScanReport
 from clustertrain.validate.storagebench import StorageBenchConfig
+from clustertrain.validate.thresholds import (  # noqa: F401  (re-exported)
+    BandConfig, ThresholdsConfig, bandwidth_rows, default_max_bytes, load_thresholds, thresholds_key,
+)
+from clustertrain.validate.transport import transport_rows
 
 FORMAT_VERSION = 1
 TEMPLATE = "validate.sh.j2"
-DEFAULT_THRESHOLDS = Path(__file__).with_name("thresholds.yaml")
 GPU_EFA_CHECKS = ("gpu", "cuda_driver", "efa", "efa_installer", "libfabric", "aws_ofi_nccl", "nccl", "cuda")
-Verdict = Literal["pass", "warn", "fail", "not-applicable"]
-_RANK = {"not-applicable": 0, "pass": 1, "warn": 2, "fail": 3}
 _ABSENT = re.compile(r"^absent:(\d+)$")
-
-
-# ----------------------------------------------------------------------------------------- thresholds
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class BandConfig(_Strict):
-    min_bytes: int | str = Field(description="Band applies to message sizes >= this (8, 1K, 4M, 1G).")
-    warn_below_gbps: float = Field(ge=0, description="Peak busbw below this (GB/s) -> warn.")
-    fail_below_gbps: float = Field(ge=0, description="Peak busbw below this (GB/s) -> fail.")
-    min_nodes: int = Field(2, ge=1, description="The band applies to runs over at least this many nodes.")
-
-
-class InstanceThresholdsConfig(_Strict):
-    note: str = Field("", description="Where the numbers come from.")
-    collectives: dict[str, BandConfig] = Field(default_factory=dict, description="Per op: busbw band.")
-
-
-class FsxThresholdConfig(_Strict):
-    min_fraction: float = Field(gt=0, le=1, description="Required share of the expected single-client throughput.")
-    client_cap_mib_s: float = Field(gt=0, description="Most one client draws in the bench, MiB/s.")
-
-
-class ThresholdsConfig(_Strict):
-    """``thresholds.yaml``."""
-
-    version: int = Field(description="Table format version (1).")
-    instance_types: dict[str, InstanceThresholdsConfig] = Field(description="Type, family, 'cpu' or 'default'.")
-    fsx: FsxThresholdConfig = Field(description="FSx for Lustre throughput rule.")
-
-
-def load_thresholds(path: str | Path | None = None) -> ThresholdsConfig:
-    p = Path(path) if path else DEFAULT_THRESHOLDS
-    try:
-        return ThresholdsConfig.model_validate(yaml.safe_load(p.read_text()))
-    except OSError as e:
-        raise ValidateError(f"{p}: cannot read thresholds ({e.strerror})") from None
-    except yaml.YAMLError as e:
-        raise ValidateError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
-    except ValidationError as e:
-        err = e.errors()[0]
-        raise ValidateError(f"{p}: {'.'.join(map(str, err['loc']))}: {err['msg']}; see "
-                            "clustertrain/validate/thresholds.yaml for the layout") from None
-
-
-def thresholds_key(table: ThresholdsConfig, instance_type: str | None, gpus_per_node: int) -> str:
-    """``cpu`` for CPU projects, else the exact type, its family, or ``default``."""
-    if gpus_per_node == 0:
-        return "cpu"
-    for key in (instance_type, (instance_type or "").split(".")[0]):
-        if key and key in table.instance_types:
-            return key
-    return "default"
+#: set on the NCCL collectives job, over the project's own values: what the transport verdict reads
+NCCL_DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET", "NCCL_DEBUG_FILE": "nccl-%h-%p.log"}
 
 
 # ----------------------------------------------------------------------------------------- config, jobs
 
-class SuiteConfig(_Strict):
+class SuiteConfig(BaseModel):
     """How the suite runs (the CLI fills it from options)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     nodes: int = Field(2, ge=1, description="Nodes of each multi-node job (smoke, gpu-efa, collectives).")
     job_timeout_s: float = Field(600, gt=0, description="A job still running this long after it started is cancelled: fail.")
     start_timeout_s: float = Field(600, gt=0, description="A job still pending this long after submission is cancelled: fail.")
-    collectives: CollectivesConfig = Field(default_factory=lambda: CollectivesConfig(max_bytes=64 << 20, iters=10),
-                                           description="Collectives benchmark (fault: rehearsal only).")
+    collectives: CollectivesConfig | None = Field(
+        None, description="Collectives benchmark (fault: rehearsal only); None: the project's default sweep "
+                          "(default_collectives: up to the bandwidth bands on GPUs, 1 MiB on CPU).")
     storage: StorageBenchConfig = Field(default_factory=StorageBenchConfig, description="Storage bench per mount.")
     python: str = Field(default_factory=lambda: sys.executable, description="Python on the nodes.")
 
@@ -182,8 +139,26 @@ class SuitePaths:
         return self.logs / f"{job.job_name}-{job_id}.out"
 
 
+def default_collectives(project: Project, table: ThresholdsConfig | None = None) -> CollectivesConfig:
+    """The suite's default collectives sweep for ``project`` (see :func:`default_max_bytes`)."""
+    table = table or load_thresholds()
+    cl = project.cluster
+    return CollectivesConfig(iters=10, max_bytes=default_max_bytes(
+        table, thresholds_key(table, cl.instance_type, cl.gpus_per_node), cl.gpus_per_node))
+
+
+def validation_base(project: Project) -> Path:
+    """Where suites of ``project`` go; for an ``aws:`` project it must be on one of its shared mounts (the
+    layout's rule, :func:`~clustertrain.layout.off_mount_problems`), else one line naming the field."""
+    layout = storage_layout(project)
+    for field_name, message in off_mount_problems(project):
+        if field_name in (layout.origin["outputs"], "aws.fsx"):
+            raise ValidateError(f"{field_name}: {message}")
+    return layout.validation_dir()
+
+
 def new_suite_dir(project: Project, now: datetime | None = None) -> SuitePaths:
-    base = storage_layout(project).validation_dir()
+    base = validation_base(project)
     stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
     for i in range(100):
         root = base / (stamp if i == 0 else f"{stamp}-{i}")
@@ -196,12 +171,15 @@ def new_suite_dir(project: Project, now: datetime | None = None) -> SuitePaths:
 
 
 def storage_targets(project: Project) -> list[Path]:
-    """Where the project's jobs write (the storage layout's bases), then each aws.fsx mount dir (once each)."""
+    """Where the project's jobs write: without shared mounts, the run directories' base (``storage.runs``, else
+    ``storage.root``); with them, the mounts holding the storage layout's bases, then each aws.fsx mount dir (once
+    each). A base off every mount is not benchmarked (it would measure a node's root volume):
+    :func:`validation_base` and ``clustertrain check`` refuse such a project."""
     layout = storage_layout(project)
     if not layout.mounts:
         return [layout.runs]
-    targets = [Path(mount_of(b, layout.mounts) or b) for b in layout.bases().values()]
-    targets += [Path(f.mount_dir) for f in (project.aws.fsx if project.aws else [])]
+    held = [mount_of(b, layout.mounts) for b in layout.bases().values()]
+    targets = [Path(m) for m in held if m] + [Path(f.mount_dir) for f in (project.aws.fsx if project.aws else [])]
     return list(dict.fromkeys(targets))
 
 
@@ -216,7 +194,8 @@ def _srun(nodes: int, per_node: int | None, out: Path, pattern: str, extra: tupl
     return [*argv, *extra, f"--output={stem}", f"--error={stem}.err"]
 
 
-def plan_suite(project: Project, cfg: SuiteConfig, paths: SuitePaths) -> tuple[list[SuiteJob], list[str]]:
+def plan_suite(project: Project, cfg: SuiteConfig, paths: SuitePaths,
+               table: ThresholdsConfig | None = None) -> tuple[list[SuiteJob], list[str]]:
     """The jobs to submit, and the names of those that do not apply (``gpu-efa`` without GPUs)."""
     cl, launch = project.cluster, project.launch
     n, py = cfg.nodes, cfg.python
@@ -252,11 +231,12 @@ def plan_suite(project: Project, cfg: SuiteConfig, paths: SuitePaths) -> tuple[l
         skipped.append("gpu-efa")
 
     res = paths.results("collectives")
-    c = cfg.collectives
+    c = cfg.collectives or default_collectives(project, table)
+    backend = c.backend or ("nccl" if cl.gpus_per_node else "gloo")
     args = [py, "-m", "clustertrain", "validate", "collectives", "--json", "--ops", ",".join(c.ops),
-            "--min-bytes", str(c.min_bytes), "--max-bytes", str(c.max_bytes), "--factor", str(c.factor),
+            "--min-bytes", str(c.min_bytes), "--max-bytes", str(c.top(backend)), "--factor", str(c.factor),
             "--iters", str(c.iters), "--warmup", str(c.warmup), "--timeout", f"{c.timeout_s:g}"]
-    args += ["--backend", c.backend or ("nccl" if cl.gpus_per_node else "gloo")]
+    args += ["--backend", backend]
     if c.fault and (m := _ABSENT.match(c.fault)):  # rehearsal: that rank's task exits before it joins
         wrapper = ('if [ "$SLURM_PROCID" = "$0" ]; then echo "rank $0 withheld (fault absent:$0)" >&2; exit 0; fi; '
                    'exec "$@"')
@@ -267,6 +247,8 @@ def plan_suite(project: Project, cfg: SuiteConfig, paths: SuitePaths) -> tuple[l
     if not cl.gpus_per_node:
         env = RankEnvironment({**env.set, "OMP_NUM_THREADS": env.set.get("OMP_NUM_THREADS", "1")}, env.prepend,
                               env.family, env.scale, env.efa)
+    if backend == "nccl":  # the transport verdict reads these logs (relative: the script runs in $RESULTS)
+        env = RankEnvironment({**env.set, **NCCL_DEBUG_ENV}, env.prepend, env.family, env.scale, env.efa)
     jobs.append(SuiteJob(
         name="collectives", job_name=f"{project.name}-validate-collectives", nodes=n, results_dir=res,
         ntasks_per_node=cl.ranks_per_node, outputs=(res / "collectives-0.json",), env=env,
@@ -282,7 +264,7 @@ def plan_suite(project: Project, cfg: SuiteConfig, paths: SuitePaths) -> tuple[l
             results_dir=res, outputs=(res / "storage.json",), target=str(target),
             steps=(tuple(_srun(1, None, res, "storage.json", srun_extra)
                          + [py, "-m", "clustertrain", "validate", "storage", str(target), "--size", f"{s.size_mib}M",
-                            "--files", str(s.files), "--engine", s.engine, "--json"]),),
+                            "--files", str(s.files), "--engine", s.engine, "--cache", s.cache, "--json"]),),
             **common))
     for job in jobs:
         for f in ("job_name", "steps", "results_dir", "target", "partition", "sbatch_args"):
@@ -298,16 +280,6 @@ def render_job(job: SuiteJob, paths: SuitePaths) -> str:
 
 
 # ----------------------------------------------------------------------------------------- report
-
-class CheckRow(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    job: str = Field(description="Suite job (smoke, gpu-efa, collectives, storage-K).")
-    check: str = Field(description="What was checked.")
-    verdict: Verdict = Field(description="pass / warn / fail / not-applicable.")
-    found: str = Field(default="", description="What the job measured or saw.")
-    threshold: str = Field(default="", description="What is required (from thresholds.yaml / requirements.yaml).")
-    detail: str = Field(default="", description="Why this verdict.")
-
 
 class JobOutcome(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -338,10 +310,6 @@ class SuiteReport(BaseModel):
     def finish(self) -> SuiteReport:
         self.failed = any(r.verdict == "fail" for r in self.rows)
         return self
-
-
-def worst(verdicts: list[str]) -> Verdict:
-    return max(verdicts, key=_RANK.__getitem__, default="not-applicable")  # type: ignore[return-value]
 
 
 # ----------------------------------------------------------------------------------------- evaluation
@@ -386,9 +354,7 @@ def _not_applicable(project: Project, check: str) -> str | None:
 def evaluate_gpu_efa(project: Project, nodes: list[str], smi: list[str | None], fi: list[str | None],
                      nvlink: list[str | None]) -> list[CheckRow]:
     """GPU count (cluster.gpus_per_node), EFA devices (requirements.yaml family), NVLink links up."""
-    fam_name = (project.cluster.instance_type or "").split(".")[0]
-    families = load_requirements().families
-    fam = families.get(fam_name) or families["default"]
+    fam_name, fam = family_entry(load_requirements(), project.cluster.instance_type)
     rows = []
     for i, node in enumerate(nodes):
         gpus = parse_nvidia_smi_csv(smi[i] or "") if i < len(smi) else []
@@ -398,7 +364,7 @@ def evaluate_gpu_efa(project: Project, nodes: list[str], smi: list[str | None], 
                              detail="" if gpus else "nvidia-smi gave no GPU rows"))
         efa = [b for b in parse_fi_info(fi[i] or "" if i < len(fi) else "") if b.get("provider") == "efa"]
         rows.append(CheckRow(job="gpu-efa", check=f"efa {node}", verdict="pass" if len(efa) >= fam.efa_devices else "fail",
-                             found=f"{len(efa)} EFA device(s)", threshold=f">= {fam.efa_devices} ({fam_name or 'default'})",
+                             found=f"{len(efa)} EFA device(s)", threshold=f">= {fam.efa_devices} ({fam_name})",
                              detail="fi_info -p efa -t FI_EP_RDM"))
         text = nvlink[i] if i < len(nvlink) else None
         up = len(re.findall(r"Link \d+: [\d.]+ GB/s", text or ""))
@@ -425,25 +391,7 @@ def evaluate_collectives(run: CollectiveRun, expected_ranks: int, nodes: int, ta
         rows.append(CheckRow(job="collectives", check=f"{rep.op} correctness", verdict="fail" if rep.failed else "pass",
                              found=f"{len(rep.rows)} size(s), {wrong} wrong", threshold=f"exact results, each op < {timeout_s:g}s",
                              detail="; ".join(rep.problems)[:300]))
-    bands = table.instance_types[key].collectives
-    for op, band in bands.items():
-        rep = next((r for r in run.reports if r.op == op), None)
-        lo = parse_size(band.min_bytes)
-        thr = f">= {band.warn_below_gbps:g} GB/s (fail < {band.fail_below_gbps:g}) at >= {format_size(lo)}"
-        if nodes < band.min_nodes:
-            rows.append(CheckRow(job="collectives", check=f"{op} busbw", verdict="not-applicable", threshold=thr,
-                                 detail=f"band is for >= {band.min_nodes} nodes ({key})"))
-            continue
-        vals = [r.busbw_gbps for r in (rep.rows if rep else []) if r.size_bytes >= lo and r.busbw_gbps is not None]
-        if not vals:
-            rows.append(CheckRow(job="collectives", check=f"{op} busbw", verdict="warn", found="not measured", threshold=thr,
-                                 detail=f"no {op} result at >= {format_size(lo)}; raise --max-bytes"))
-            continue
-        peak = max(vals)
-        verdict = "fail" if peak < band.fail_below_gbps else "warn" if peak < band.warn_below_gbps else "pass"
-        rows.append(CheckRow(job="collectives", check=f"{op} busbw", verdict=verdict, found=f"{peak:.1f} GB/s peak",
-                             threshold=thr, detail=f"thresholds.yaml: {key}"))
-    return rows
+    return rows + bandwidth_rows(run, nodes, table, key)
 
 
 def evaluate_storage(job: str, project: Project, run: StorageRun, table: ThresholdsConfig) -> list[CheckRow]:
@@ -459,8 +407,11 @@ def evaluate_storage(job: str, project: Project, run: StorageRun, table: Thresho
             thr = f">= {need:.0f} MiB/s ({fsx.name}: {fsx.effective_throughput} MB/s/TiB x {fsx.capacity_gb} GiB)"
         for what, val in (("write", res.write_mib_s), ("read", res.read_mib_s)):
             verdict = "fail" if val is None else ("fail" if need is not None and val < need else "pass")
-            rows.append(CheckRow(job=job, check=f"{what} {res.target}", verdict=verdict,
-                                 found="-" if val is None else f"{val:.0f} MiB/s", threshold=thr, detail=res.tool))
+            cached = what == "read" and res.cache_bypass == "none"
+            rows.append(CheckRow(job=job, check=f"{what} {res.target}", verdict="warn" if cached and verdict == "pass"
+                                 else verdict, found="-" if val is None else f"{val:.0f} MiB/s", threshold=thr,
+                                 detail=f"{res.tool}, page cache: {res.cache_bypass or 'not recorded'}" + (
+                                     " (read may come from memory)" if cached else "")))
         md = [res.create_per_s, res.stat_per_s, res.unlink_per_s]
         rows.append(CheckRow(job=job, check=f"metadata {res.target}", verdict="fail" if None in md else "pass",
                              found="-" if None in md else "create {:.0f}/s, stat {:.0f}/s, unlink {:.0f}/s".format(*md),
@@ -564,8 +515,11 @@ def gather(job: SuiteJob, outcome: JobOutcome, nodes: list[str], project: Projec
         if run is None:
             return rows + [CheckRow(job=job.name, check="result", verdict="fail", found="no JSON result",
                                     threshold="rank 0 writes its report", detail=_why_missing(job, outcome, paths))]
+        logs = [_read(p) or "" for p in sorted(job.results_dir.glob("nccl-*.log"))
+                + sorted(job.results_dir.glob("collectives-*.err"))]
         return rows + evaluate_collectives(run, job.nodes * job.ntasks_per_node, job.nodes, table, key,
-                                           cfg.collectives.timeout_s)
+                                           cfg.collectives.timeout_s if cfg.collectives else 60.0) + transport_rows(
+            logs, backend=run.backend, efa_expected=job.env.efa, instance_type=project.cluster.instance_type)
     run = _load(StorageRun, job.outputs[0])
     if run is None:
         return rows + [CheckRow(job=job.name, check=f"bench {job.target}", verdict="fail", found="no JSON result",
@@ -579,8 +533,10 @@ def run_suite(project: Project, cfg: SuiteConfig, launcher, *, thresholds: Thres
     ``launcher``: a :class:`~clustertrain.launch.slurm.SlurmLauncher` (its ``env``, ``status``, ``cancel``)."""
     table = thresholds or load_thresholds()
     key = thresholds_key(table, project.cluster.instance_type, project.cluster.gpus_per_node)
+    if cfg.collectives is None:
+        cfg = cfg.model_copy(update={"collectives": default_collectives(project, table)})
     paths = new_suite_dir(project)
-    jobs, skipped = plan_suite(project, cfg, paths)
+    jobs, skipped = plan_suite(project, cfg, paths, table)
     report = SuiteReport(project=project.name, nodes=cfg.nodes, instance_type=project.cluster.instance_type,
                          thresholds=key, directory=str(paths.root), started=datetime.now().isoformat(timespec="seconds"))
     paths.jobs.mkdir()

@@ -13,12 +13,13 @@ from clustertrain.errors import LaunchError
 from clustertrain.launch.sbatch import sbatch_quote
 from clustertrain.project import load_project
 from clustertrain.validate import CollectiveRun, CollectivesConfig, StorageRun, parse_output_file
-from clustertrain.validate.results import ValidateError
+from clustertrain.validate.results import ValidateError, parse_size
 from clustertrain.validate.scan import CheckResult, ScanReport
 from clustertrain.validate.storagebench import StorageBenchConfig
 from clustertrain.validate.suite import (
-    SuiteConfig, SuitePaths, ThresholdsConfig, evaluate_collectives, evaluate_gpu_efa, evaluate_smoke, evaluate_storage,
-    load_thresholds, plan_suite, render_job, resolve_nodes, storage_targets, thresholds_key,
+    SuiteConfig, SuitePaths, ThresholdsConfig, default_max_bytes, evaluate_collectives, evaluate_gpu_efa, evaluate_smoke,
+    evaluate_storage, load_thresholds, new_suite_dir, plan_suite, render_job, resolve_nodes, storage_targets,
+    thresholds_key, validation_base,
 )
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -88,28 +89,72 @@ def test_cpu_plan_has_smoke_collectives_storage_and_skips_gpu_efa(tmp_path):
     assert coll.env.set["OMP_NUM_THREADS"] == "1"
     assert coll.outputs == (paths.results("collectives") / "collectives-0.json",)
     assert stor.nodes == 1 and stor.target == str(tmp_path / "fsx")
-    assert stor.steps[0][-9:] == ("storage", str(tmp_path / "fsx"), "--size", "4M", "--files", "100", "--engine",
-                                  "auto", "--json")
+    assert stor.steps[0][-11:] == ("storage", str(tmp_path / "fsx"), "--size", "4M", "--files", "100", "--engine",
+                                   "auto", "--cache", "auto", "--json")
     script = render_job(coll, paths)
     assert "#SBATCH --exclusive" not in script and "#SBATCH --no-requeue" in script and "#SBATCH --time=3" in script
     assert srun_argv(script) == list(coll.steps[0])
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+    assert "export NCCL_DEBUG" not in script  # gloo: no NCCL log to read
+
+
+def test_default_sweep_is_small_on_cpu_and_reaches_the_bands_on_gpus(tmp_path):
+    """Item 10a: the old default (64 MiB) never reached p5e's 1 GiB band, so a default run had no bandwidth verdict."""
+    def top(project) -> int:
+        [coll] = [j for j in plan_suite(project, SuiteConfig(nodes=2), SuitePaths(tmp_path / "s"))[0]
+                  if j.name == "collectives"]
+        return int(coll.steps[0][coll.steps[0].index("--max-bytes") + 1])
+
+    assert top(cpu_project(tmp_path)) == 1 << 20
+    p5e = load_project(EXAMPLE_P5E)
+    assert top(p5e) == 1 << 30 and parse_size(load_thresholds().instance_types["p5e"].collectives["all_reduce"]
+                                              .min_bytes) <= top(p5e)
+    table = load_thresholds()
+    table.instance_types["p5e"].collectives["all_reduce"].min_bytes = "3G"  # a band further out: the sweep follows
+    assert default_max_bytes(table, "p5e", 8) == 4 << 30 and default_max_bytes(table, "p5e", 8, 1000, 4) >= 3 << 30
+    assert default_max_bytes(table, "default", 8) == 1 << 30 and default_max_bytes(table, "cpu", 0) == 1 << 20
+    # `validate collectives` on its own: the same rule from the backend it runs on
+    assert CollectivesConfig().top("nccl") == 1 << 30 and CollectivesConfig().top("gloo") == 1 << 20
+    assert len(CollectivesConfig().sizes("nccl")) == 28 and CollectivesConfig(max_bytes=64).top("nccl") == 64
 
 
 def test_gpu_project_plans_gpu_efa_job_nccl_and_fsx_storage_jobs(tmp_path):
     project = load_project(EXAMPLE_P5E)
     jobs, skipped = plan_suite(project, SuiteConfig(nodes=10), SuitePaths(tmp_path / "s"))
     assert skipped == [] and [j.name for j in jobs] == ["smoke", "gpu-efa", "collectives", "storage-1", "storage-2",
-                                                        "storage-3", "storage-4"]
-    assert [j.target for j in jobs[3:]] == ["/fsx", "/fsx/data", "/fsx/checkpoints", "/fsx/logs"]
-    assert storage_targets(project)[0] == Path("/fsx")
+                                                        "storage-3"]
+    # the storage layout's mounts (datasets, checkpoints+outputs, logs+tensorboard); never /fsx, each node's root volume
+    assert [j.target for j in jobs[3:]] == ["/fsx/data", "/fsx/checkpoints", "/fsx/logs"]
+    assert Path("/fsx") not in storage_targets(project)
     gpu, coll = jobs[1], jobs[2]
     assert [s[-3:] for s in gpu.steps][1] == ("efa", "-t", "FI_EP_RDM")
     assert coll.ntasks_per_node == 8 and coll.steps[0][coll.steps[0].index("--backend") + 1] == "nccl"
     script = render_job(coll, SuitePaths(tmp_path / "s"))
     assert "#SBATCH --gpus-per-node=8" in script and "#SBATCH --partition=\"gpu-queue\"" in script
-    assert "#SBATCH --exclusive" in script and "export FI_PROVIDER=efa" in script  # the project's NCCL/EFA preset
+    assert "#SBATCH --exclusive" in script and "export NCCL_SOCKET_IFNAME=" in script  # the project's NCCL/EFA preset
+    # the transport verdict's input: NCCL's INFO log per process, relative to the results dir the script cd's into
+    assert "export NCCL_DEBUG=INFO\n" in script and "export NCCL_DEBUG_FILE=nccl-%h-%p.log\n" in script
+    assert script.index('cd "$RESULTS"') < script.index("\nsrun ")
     assert srun_argv(script)[:3] == ["srun", "--nodes=10", "--ntasks-per-node=8"]
+
+
+def test_results_and_storage_paths_follow_the_layout(tmp_path):
+    """The suite writes under the layout's outputs base and benchmarks the mounts holding the layout's bases; an
+    aws: project whose results would land off its shared mounts is refused naming the field."""
+    project = load_project(EXAMPLE_P5E)
+    assert validation_base(project) == Path("/fsx/checkpoints/p5e-80x7/validation")  # holds: [checkpoints, outputs]
+    moved = load_project(EXAMPLE_P5E, ["storage.outputs=/fsx/logs/out"])
+    assert validation_base(moved) == Path("/fsx/logs/out/p5e-80x7/validation")
+    off = load_project(EXAMPLE_P5E, ["storage.outputs=/home/ec2-user/out"])
+    with pytest.raises(ValidateError, match=r"^storage\.outputs: /home/ec2-user/out \(outputs\) is not on a shared "
+                                            r"file system .*mounts: /fsx/data, /fsx/checkpoints"):
+        new_suite_dir(off)
+    runs_off = load_project(EXAMPLE_P5E, ["storage.runs=/fsx/run-dirs"])  # /fsx itself is no mount
+    assert Path("/fsx/run-dirs") not in storage_targets(runs_off) and Path("/fsx") not in storage_targets(runs_off)
+    local = cpu_project(tmp_path)
+    paths = new_suite_dir(local)
+    assert paths.root.parent == tmp_path / "fsx" / "vs" / "validation" and paths.root.is_dir()
+    assert storage_targets(local) == [tmp_path / "fsx"]
 
 
 def test_hostile_storage_root_is_quoted_everywhere(tmp_path):
@@ -181,13 +226,14 @@ def test_collectives_on_recorded_gloo_run_correctness_only(tmp_path):
     run = CollectiveRun.model_validate(RECORDED_GLOO)
     rows = evaluate_collectives(run, 2, 2, table, "cpu", 20)
     assert [(r.check, r.verdict) for r in rows] == [("ranks", "pass"), ("all_reduce correctness", "pass"),
-                                                    ("all_gather correctness", "pass")]
+                                                    ("all_gather correctness", "pass"), ("busbw", "not-applicable")]
     assert rows[1].found == "2 size(s), 0 wrong"
+    assert rows[3].detail == "thresholds.yaml cpu: CPU/gloo rehearsal: correctness only, no bandwidth band"
     bad = json.loads(json.dumps(RECORDED_GLOO))
     bad["reports"][0]["rows"][1]["wrong"] = 3
     bad["reports"][0].update(failed=True, problems=["size 16: wrong elements on rank(s) 1:3"])
     rows = evaluate_collectives(CollectiveRun.model_validate(bad).finish(), 2, 2, table, "cpu", 20)
-    assert [r.verdict for r in rows] == ["pass", "fail", "pass"] and "wrong elements" in rows[1].detail
+    assert [r.verdict for r in rows] == ["pass", "fail", "pass", "not-applicable"] and "wrong elements" in rows[1].detail
     assert evaluate_collectives(run, 4, 2, table, "cpu", 20)[0].verdict == "fail"  # a rank short
 
 
@@ -195,7 +241,7 @@ def test_never_joined_is_a_failed_run_row():
     run = CollectiveRun(tool="clustertrain", backend="gloo", world_size=2,
                         problems=["rank(s) 1 never joined within 8s"]).finish()
     rows = evaluate_collectives(run, 2, 2, load_thresholds(), "cpu", 8)
-    assert [(r.check, r.verdict) for r in rows] == [("ranks", "pass"), ("run", "fail")]
+    assert [(r.check, r.verdict) for r in rows] == [("ranks", "pass"), ("run", "fail"), ("busbw", "not-applicable")]
     assert rows[1].found == "rank(s) 1 never joined within 8s"
 
 
@@ -212,6 +258,7 @@ def test_busbw_bands_on_nccl_tests_output():
     strict.instance_types["x"].collectives["all_reduce"].min_bytes = "2G"
     [nm] = [r for r in evaluate_collectives(run, 16, 2, strict, "x", 60) if "busbw" in r.check]
     assert (nm.verdict, nm.found) == ("warn", "not measured")
+    assert nm.detail == "the sweep stopped at 1G; the band starts at 2G: leave --max-bytes at its default (or raise it)"
     assert [r.verdict for r in evaluate_collectives(run, 16, 1, table, "p5", 60) if "busbw" in r.check] == ["not-applicable"]
 
 
@@ -226,6 +273,14 @@ def test_storage_on_recorded_run_and_fsx_rule(tmp_path):
     fsx["results"][0]["read_mib_s"] = 250.0
     rows = evaluate_storage("storage-4", load_project(EXAMPLE_P5E), StorageRun.model_validate(fsx), table)
     assert [(r.verdict, r.threshold.split(" (")[0]) for r in rows[:2]] == [("pass", ">= 300 MiB/s"), ("fail", ">= 300 MiB/s")]
+    cached = json.loads(json.dumps(RECORDED_STORAGE))
+    cached["results"][0]["cache_bypass"] = "none"  # the read may have come from memory: never a plain pass
+    rows = evaluate_storage("storage-1", cpu_project(tmp_path), StorageRun.model_validate(cached), table)
+    assert [(r.verdict, r.detail) for r in rows[:2]] == [("pass", "fio, page cache: none"),
+                                                         ("warn", "fio, page cache: none (read may come from memory)")]
+    cached["results"][0]["cache_bypass"] = "direct"
+    rows = evaluate_storage("storage-1", cpu_project(tmp_path), StorageRun.model_validate(cached), table)
+    assert [(r.verdict, r.detail) for r in rows[:2]] == [("pass", "fio, page cache: direct")] * 2
     broken = StorageRun(tool="fio", problems=["/x: only 3 MiB free, need 4 MiB"], failed=True)
     assert [(r.check, r.verdict) for r in evaluate_storage("storage-1", cpu_project(tmp_path), broken, table)] == \
         [("bench", "fail")]
@@ -276,7 +331,15 @@ def test_cli_dry_run_and_bad_input(tmp_path):
     dry = runner.invoke(app, ["suite", path, "--dry-run", "--nodes", "2", "--max-bytes", "64K"])
     assert dry.exit_code == 0, dry.output
     assert dry.output.count("#!/bin/bash") == 3 and "# ---- gpu-efa: not applicable: gpus_per_node=0" in dry.output
-    assert "--max-bytes 65536" in dry.output and not (tmp_path / "fsx" / "validation").exists()  # nothing written
+    assert "--max-bytes 65536" in dry.output and not (tmp_path / "fsx").exists()  # nothing written
+    assert "/fsx/vs/validation/DRY-RUN/" in dry.output  # the layout's outputs base
+    default = runner.invoke(app, ["suite", path, "--dry-run", "--nodes", "2"])
+    assert default.exit_code == 0 and "--max-bytes 1048576" in default.output  # CPU: a small sweep
+    gpu = runner.invoke(app, ["suite", str(EXAMPLE_P5E), "--dry-run", "--nodes", "2"])
+    assert gpu.exit_code == 0, gpu.output
+    assert "--max-bytes 1073741824" in gpu.output and "export NCCL_DEBUG=INFO" in gpu.output
+    off = runner.invoke(app, ["suite", str(EXAMPLE_P5E), "--dry-run", "--set", "storage.outputs=/home/u/out"])
+    assert off.exit_code == 2 and off.output.count("\n") == 1 and "storage.outputs: /home/u/out" in off.output
     for args, msg in ((["--nodes", "two"], "give a node count"), (["--engine", "dd"], "valid engines are"),
                       (["--min-bytes", "1M", "--max-bytes", "1K"], "below min_bytes"),
                       (["--inject-fault", "absent"], "fault must look like"), (["--set", "cluster.nodes=0"], "cluster.nodes")):

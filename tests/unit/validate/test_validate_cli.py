@@ -43,3 +43,18 @@ def test_collectives_bad_size_and_op():
 def test_storage_python_engine(tmp_path):
     res = runner.invoke(app, ["storage", str(tmp_path), "--size", "2M", "--files", "20", "--engine", "python"])
     assert res.exit_code == 0 and "verdict: OK" in res.output
+    res = runner.invoke(app, ["storage", str(tmp_path), "--size", "2M", "--files", "20", "--cache", "none"])
+    assert res.exit_code == 2 and "valid values are: auto, direct, drop, buffered" in res.output
+    res = runner.invoke(app, ["storage", str(tmp_path), "--size", "2M", "--files", "20", "--json"])
+    assert res.exit_code == 0 and '"cache_bypass": "direct"' in res.output
+
+
+def test_parse_expect_efa_fails_a_socket_fallback_and_an_old_plugin():
+    sock = runner.invoke(app, ["parse", str(FIX / "nccl-all_gather-socket-fallback.txt")])
+    assert sock.exit_code == 0  # without --expect-efa a socket run is only a warning
+    sock = runner.invoke(app, ["parse", str(FIX / "nccl-all_gather-socket-fallback.txt"), "--expect-efa"])
+    assert sock.exit_code == 1 and "problem: transport: Socket on 1/1 process(es); NCCL fell back to TCP" in sock.output
+    efa = FIX / "nccl-all_reduce-16rank-efa-srun-prefix.txt"  # aws-ofi-nccl 1.8.1-aws
+    assert runner.invoke(app, ["parse", str(efa), "--expect-efa", "--instance-type", "p5.48xlarge"]).exit_code == 0
+    old = runner.invoke(app, ["parse", str(efa), "--expect-efa", "--instance-type", "p5e.48xlarge"])
+    assert old.exit_code == 1 and "1.8.1-aws is older than 1.11.0" in old.output

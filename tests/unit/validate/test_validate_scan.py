@@ -5,9 +5,11 @@ from __future__ import annotations
 import shutil
 
 import pytest
+import yaml
 
 from clustertrain.validate import ValidateError, load_requirements, scan
 from clustertrain.validate.probes import probe_efa, probe_gpus
+from clustertrain.validate.requirements import COMPONENTS, DEFAULT_REQUIREMENTS, Minimum, family_entry, minimums_for
 
 
 def by_name(report):
@@ -20,6 +22,39 @@ def test_requirements_table_has_the_seed_minimums():
     assert (m.cuda_driver, m.efa_installer, m.cuda, m.nccl, m.aws_ofi_nccl) == ("535.54.03", "1.26.1", "12.2", "2.18.5", "1.8.1")
     assert req.families["p5"].gpus == 8 and req.families["p5e"].gpus == 8
     assert req.roles["head"]["slurm"] == "required" and req.roles["head"]["gpu"] == "absent"
+    assert set(req.sources) == set(COMPONENTS)  # every base minimum says where it comes from
+
+
+def test_minimum_versions_per_instance_family_and_type(tmp_path):
+    """Item 10d: aws-ofi-nccl recognises p5e from 1.11.0 and p5en from 1.13.0; the seeds' 1.8.1 predates both."""
+    req = load_requirements()
+    assert minimums_for(req, "p5e.48xlarge")["aws_ofi_nccl"].version == "1.11.0"
+    assert "v1.11.0" in minimums_for(req, "p5e.48xlarge")["aws_ofi_nccl"].source
+    assert minimums_for(req, "p5en.48xlarge")["aws_ofi_nccl"].version == "1.13.0"
+    assert minimums_for(req, "p5.48xlarge")["aws_ofi_nccl"].version == "1.8.1"
+    assert minimums_for(req, None)["nccl"].version == "2.18.5"
+    table = tmp_path / "req.yaml"
+    data = yaml.safe_load(DEFAULT_REQUIREMENTS.read_text())
+    data["families"]["p5e.48xlarge"] = {"gpus": 8, "efa_devices": 32, "minimums": {"aws_ofi_nccl": "1.12.0", "nccl": "2.0"},
+                                        "sources": {"aws_ofi_nccl": "type rule"}}
+    table.write_text(yaml.safe_dump(data))
+    custom = load_requirements(table)
+    assert family_entry(custom, "p5e.48xlarge")[0] == "p5e.48xlarge" and family_entry(custom, "p5e.4x")[0] == "p5e"
+    assert minimums_for(custom, "p5e.48xlarge")["aws_ofi_nccl"] == Minimum("1.12.0", "type rule")
+    assert minimums_for(custom, "p5e.48xlarge")["nccl"].version == "2.18.5"  # an entry never lowers a minimum
+
+
+def test_compute_scan_fails_a_p5e_node_whose_plugin_predates_p5e(tmp_path, monkeypatch):
+    """The plugin library is found on LD_LIBRARY_PATH and its version read from its strings (probes.py)."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(lib))
+    (lib / "libnccl-net.so").write_bytes(b"\x7fELF\0...NET/OFI Initializing aws-ofi-nccl 1.10.0-aws\0...")
+    old = by_name(scan("compute", instance_type="p5e.48xlarge"))["aws_ofi_nccl"]
+    assert (old.status, old.required) == ("fail", ">= 1.11.0") and "eb584463" in old.detail
+    assert by_name(scan("compute", instance_type="p5.48xlarge"))["aws_ofi_nccl"].status == "pass"
+    (lib / "libnccl-net.so").write_bytes(b"\x7fELF\0...NET/OFI Initializing aws-ofi-nccl 1.14.2\0...")
+    assert by_name(scan("compute", instance_type="p5e.48xlarge"))["aws_ofi_nccl"].status == "pass"
 
 
 def test_compute_scan_reports_missing_gpu_and_efa_honestly():

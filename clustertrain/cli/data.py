@@ -12,6 +12,7 @@ from rich.console import Console
 from clustertrain.data.preprocess import prepare_dataset
 from clustertrain.data.tokenizers import train_tokenizer
 from clustertrain.data.validate import validate_dataset
+from clustertrain.data.vocab import vocab_limit
 from clustertrain.cli.common import user_errors as _user_errors
 
 app = typer.Typer(
@@ -85,3 +86,7 @@ def train_tokenizer_cmd(
     with _user_errors():
         tok = train_tokenizer(inputs, vocab_size, output, json_key=json_key)
     out.print(f"{output}: {tok.vocab_size:,} tokens, eod {tok.eod}, identity {tok.identity}")
+    if tok.vocab_size < vocab_size:
+        out.print(f"note: asked for {vocab_size:,}, reached {tok.vocab_size:,} (every word of the input is already one "
+                  f"token); a model using it needs model.vocab between {tok.vocab_size:,} and "
+                  f"{vocab_limit(tok.vocab_size):,}, or unset — or train on more text")

@@ -37,6 +37,7 @@ def run(
             console.print(f"[green]completed[/] {o.model}: step {o.step}, checkpoint {o.checkpoint}, metrics {o.run_dir / 'metrics.jsonl'}")
             if o.backup:
                 console.print(f"backed up to {o.backup}")
+            _backup_failures(console, o.run_dir)
         elif o.state == "STOPPED":
             console.print(f"[yellow]stopped[/] {o.model} at step {o.step}; checkpoint saved to {o.checkpoint}; "
                           "run the same command again to resume")
@@ -44,6 +45,17 @@ def run(
             typer.echo(f"error: {o.model}: {o.message}", err=True)
             code = o.exit_code
     raise typer.Exit(code)
+
+
+def _backup_failures(console: Console, run_dir: Path) -> None:
+    """Say so when a checkpoint backup failed (the run itself completed; see clustertrain.train.backup)."""
+    from clustertrain.rundir import read_json
+
+    status = read_json(run_dir / "status.json") or {}
+    failed = [b for b in status.get("backups") or [] if b.get("state") == "failed"]
+    if failed:
+        console.print(f"[red]backup failed[/] for {len(failed)} checkpoint(s), last: {failed[-1].get('checkpoint')}: "
+                      f"{failed[-1].get('error')}; copy by hand with `clustertrain storage sync`")
 
 
 def train(

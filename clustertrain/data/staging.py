@@ -95,11 +95,16 @@ def publish_dataset(prefix: Path, url: str, store_options=None) -> str:
     return url
 
 
+def published_copy_dir(url: str, datasets_root: Path) -> Path:
+    """Where :func:`fetch_published` keeps the local copy of ``url``: ``<datasets>/remote-<hash of url>/``."""
+    return Path(datasets_root) / f"remote-{hashlib.sha256(url.encode()).hexdigest()[:12]}"
+
+
 def fetch_published(url: str, datasets_root: Path, store_options=None) -> Path:
     """Fetch a published dataset once (a re-run transfers nothing when the copy is complete)."""
     from clustertrain.storage import restore_directory
 
-    local = datasets_root / f"remote-{hashlib.sha256(url.encode()).hexdigest()[:12]}"
+    local = published_copy_dir(url, datasets_root)
     restore_directory(url, local, options=store_options)
     idx = sorted(local.glob("*.idx"))
     if len(idx) != 1:

@@ -14,6 +14,11 @@ Save protocol: every rank writes into ``.tmp-step_N``; after a barrier rank 0 wr
 ``meta.json``, fsyncs, renames the directory to ``step_N``, fsyncs the parent, and only then
 replaces ``latest``. A kill at any moment therefore leaves ``latest`` at a complete checkpoint.
 A directory counts as a checkpoint only when it has both ``meta.json`` and ``.metadata``.
+
+Pruning (``keep_last``) skips the checkpoints a background backup is reading or about to read
+(``protected``, see :mod:`clustertrain.train.backup`); they go at a later save or the final
+:meth:`CheckpointManager.prune`. A pruned directory is renamed to ``.trash-step_…`` first, so a
+kill mid-delete never leaves a half-deleted ``step_…``.
 """
 
 from __future__ import annotations
@@ -23,11 +28,11 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from clustertrain.errors import RunDirError
 from clustertrain.rundir import fsync_dir, write_atomic
@@ -101,6 +106,7 @@ class CheckpointManager:
     model_name: str
     rank: int
     world_size: int
+    protected: Callable[[], AbstractContextManager[set[str]]] | None = None
 
     def save(self, step: int, consumed_samples: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
              extra: dict[str, Any]) -> Path:
@@ -141,12 +147,23 @@ class CheckpointManager:
         _barrier()
         return final
 
+    def prune(self) -> None:
+        """Apply ``keep_last`` now (rank 0; e.g. once the backups a run waited for are done)."""
+        newest = find_latest(self.root)
+        if newest is not None:
+            self._prune(newest)
+
     def _prune(self, newest: Path) -> None:
-        done = [p for p in complete_checkpoints(self.root) if p != newest]
-        for old in done[: max(0, len(done) - (self.keep_last - 1))]:
-            trash = self.root / f".trash-{old.name}"
-            os.replace(old, trash)
-            shutil.rmtree(trash, ignore_errors=True)
+        trash: list[Path] = []
+        with self.protected() if self.protected is not None else nullcontext(set()) as keep:
+            done = [p for p in complete_checkpoints(self.root) if p != newest]
+            for old in done[: max(0, len(done) - (self.keep_last - 1))]:
+                if old.name in keep:
+                    continue
+                trash.append(self.root / f".trash-{old.name}")
+                os.replace(old, trash[-1])
+        for t in trash:
+            shutil.rmtree(t, ignore_errors=True)
 
     def load(self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict[str, Any] | None]:
         """Load model+optimizer in place; return (meta, this rank's extra state or None if the world size changed)."""

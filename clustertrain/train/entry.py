@@ -42,7 +42,7 @@ def load_resolved(paths: RunPaths) -> Project:
 def run_rank(run_dir: Path, model_name: str) -> int:
     import torch
 
-    from clustertrain.train.backup import backup_checkpoint
+    from clustertrain.train.backup import CheckpointBackup
     from clustertrain.train.distributed import RankEnv, init_process_group, shutdown_process_group
     from clustertrain.train.signals import StopRequest
     from clustertrain.train.trainer import Trainer, write_status
@@ -72,18 +72,25 @@ def run_rank(run_dir: Path, model_name: str) -> int:
     # On an exception the group is left as it is (a barrier would wait for peers that are stuck in
     # a collective); the process exits non-zero and the launcher (or srun --kill-on-bad-exit) stops the rest.
     fail_at = injected_failure_step(os.environ.get(INJECT_ENV), env.rank)
-    trainer = Trainer(project, entry, paths, env, device, fail_at_step=fail_at)
+    backup = CheckpointBackup.for_run(project, entry, log=_log) if env.rank == 0 else None
+    trainer = Trainer(project, entry, paths, env, device, fail_at_step=fail_at, backup=backup)
     outcome = trainer.fit(stop)
     if env.rank == 0:
-        write_status(paths, outcome)
-    shutdown_process_group()
-    if env.rank == 0 and outcome.state == "completed" and outcome.checkpoint is not None:
-        url = backup_checkpoint(project, entry, outcome.checkpoint)
-        if url:
-            print(f"[clustertrain] backed up {outcome.checkpoint.name} to {url} (verified)", flush=True)
-            outcome.backup = url
-            write_status(paths, outcome)
+        write_status(paths, outcome, backup)
+    shutdown_process_group()  # the other ranks exit now; rank 0 waits for its last backup alone
+    if backup is not None:
+        if backup.busy():
+            _log(f"waiting for the backup of {outcome.checkpoint.name if outcome.checkpoint else 'the last checkpoint'}")
+        backup.close()
+        trainer.ckpt.prune()  # checkpoints kept while they were being uploaded
+        fields = backup.status_fields(outcome.checkpoint)
+        outcome.backup = fields["backup"]
+        write_status(paths, outcome, backup)
     return EXIT_OK
+
+
+def _log(message: str) -> None:
+    print(f"[clustertrain] {message}", flush=True)
 
 
 def main(run_dir: Path, model_name: str) -> int:

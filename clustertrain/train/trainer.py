@@ -14,11 +14,13 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from clustertrain.data import GPTSamples, load_tokenizer
-from clustertrain.errors import DataError
+from clustertrain.data import GPTSamples, load_tokenizer, read_manifest
+from clustertrain.data.vocab import check_vocab
+from clustertrain.errors import ConfigError, DataError
 from clustertrain.project import ModelEntry, Project, architecture_fingerprint
 from clustertrain.layout import storage_layout
 from clustertrain.rundir import RunPaths, write_atomic
+from clustertrain.train.backup import CheckpointBackup, is_due
 from clustertrain.train.checkpoint import CheckpointManager, check_ownership, clean_stale, find_latest
 from clustertrain.train.distributed import RankEnv
 from clustertrain.train.metrics import MetricsWriter, peak_flops_for
@@ -33,7 +35,7 @@ class Outcome:
     step: int
     checkpoint: Path | None
     signal: str | None = None
-    backup: str | None = None
+    backup: str | None = None  # kept for callers; status.json's backup fields come from CheckpointBackup
 
 
 def log(rank: int, msg: str) -> None:
@@ -43,8 +45,9 @@ def log(rank: int, msg: str) -> None:
 
 class Trainer:
     def __init__(self, project: Project, entry: ModelEntry, paths: RunPaths, env: RankEnv, device: torch.device,
-                 resume: bool = True, fail_at_step: int | None = None):
+                 resume: bool = True, fail_at_step: int | None = None, backup: CheckpointBackup | None = None):
         self.fail_at_step = fail_at_step
+        self.backup = backup
         self.project, self.entry, self.paths, self.env, self.device = project, entry, paths, env, device
         cfg = entry.training
         self.cfg = cfg
@@ -58,11 +61,14 @@ class Trainer:
         run = json.loads(paths.run_json.read_text())
         if not Path(run["dataset"] + ".idx").is_file():
             raise DataError(f"{run['dataset']}: prepared dataset is missing; re-run `clustertrain run` to prepare it")
-        self.tokenizer = load_tokenizer(entry.data.tokenizer)
+        self.tokenizer_vocab = dataset_vocab(run["dataset"], entry)
+        problem = check_vocab(entry, self.tokenizer_vocab)
+        if problem:
+            raise ConfigError(problem)
         self.samples = GPTSamples(run["dataset"], entry.model.seq_len, cfg.seed, split=entry.data.split)
 
         torch.manual_seed(cfg.seed)
-        model = GPT(entry.model, padded_vocab(entry.model, self.tokenizer.vocab_size)).to(device)
+        model = GPT(entry.model, padded_vocab(entry.model, self.tokenizer_vocab)).to(device)
         self.flops_per_token = flops_per_token(entry.model, model.num_params(non_embedding=True))
         self.raw_model = model
         ddp_kwargs = {"device_ids": [device.index]} if device.type == "cuda" else {}
@@ -80,7 +86,7 @@ class Trainer:
         self._stop_work = None
         self.ckpt = CheckpointManager(
             paths.checkpoints, cfg.keep_last, architecture_fingerprint(project, entry), project.name, entry.name,
-            env.rank, env.world_size,
+            env.rank, env.world_size, protected=backup.protected if backup is not None else None,
         )
         self.step = 0
         if env.rank == 0:
@@ -204,6 +210,8 @@ class Trainer:
                 if stopping or self.step % cfg.checkpoint_every == 0 or self.step == cfg.max_steps:
                     saved = self._save()
                     log(rank, f"saved checkpoint {saved}")
+                    if self.backup is not None and (stopping or self.step == cfg.max_steps or is_due(self.entry, self.step)):
+                        self.backup.submit(saved)
                 if stopping:
                     self._finish_stop_check()
                     log(rank, f"stopped by {stop.signal_name or 'a peer rank'} after step {self.step}; "
@@ -215,13 +223,30 @@ class Trainer:
         self._finish_stop_check()  # every rank has one check in flight: settle it before the group goes away
         if saved is None:
             saved = find_latest(self.paths.checkpoints)
+            if saved is not None and self.backup is not None:  # resumed at max_steps: make sure the last one is copied
+                self.backup.submit(saved)
         log(rank, f"training complete at step {self.step}; final checkpoint {saved}")
         return Outcome("completed", self.step, saved)
 
 
-def write_status(paths: RunPaths, outcome: Outcome) -> None:
-    write_atomic(paths.status, json.dumps({
+def dataset_vocab(dataset: str, entry: ModelEntry) -> int:
+    """The tokenizer's vocabulary size as recorded in the prepared dataset's manifest (staging checked that
+    the manifest names ``data.tokenizer``), so ranks need not read the tokenizer file; loading the tokenizer
+    only for datasets without a manifest (e.g. made by Megatron's preprocess_data.py)."""
+    manifest = read_manifest(dataset)
+    if manifest is not None and isinstance(manifest.get("vocab_size"), int):
+        return manifest["vocab_size"]
+    return load_tokenizer(entry.data.tokenizer).vocab_size
+
+
+def write_status(paths: RunPaths, outcome: Outcome, backup: CheckpointBackup | None = None) -> None:
+    """``status.json``: how the ranks' run ended (see :mod:`clustertrain.rundir`; backup fields in
+    :mod:`clustertrain.train.backup`)."""
+    record = {
         "state": outcome.state, "step": outcome.step, "signal": outcome.signal,
         "checkpoint": str(outcome.checkpoint) if outcome.checkpoint else None, "backup": outcome.backup,
         "pid": os.getpid(), "time": time.time(),
-    }))
+    }
+    if backup is not None:
+        record.update(backup.status_fields(outcome.checkpoint))
+    write_atomic(paths.status, json.dumps(record))

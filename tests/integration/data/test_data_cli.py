@@ -68,3 +68,12 @@ def test_user_mistakes_exit_2_with_one_line(tmp_path):
     assert r.returncode == 0 and "skipped 1 bad lines" in r.stdout
     r = _cli("prepare", "-i", str(tmp_path / "bad.jsonl"), "-o", str(tmp_path / "o2"), "--tokenizer", "gpt2")
     assert r.returncode == 2 and "unknown tokenizer 'gpt2'" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_train_tokenizer_says_when_it_stops_short_of_the_size_asked(corpus, tmp_path):
+    tok = tmp_path / "tok" / "tokenizer.json"
+    r = _cli("train-tokenizer", "--input", str(corpus), "--vocab-size", "32000", "--output", str(tok))
+    assert r.returncode == 0, r.stderr
+    assert "23,990 tokens" in r.stdout
+    assert "note: asked for 32,000, reached 23,990" in r.stdout and "between 23,990 and 24,064" in r.stdout

@@ -7,6 +7,7 @@ Where Slurm output files go is not a launch setting: it follows the storage layo
 Example::
 
     launch:
+      python: /fsx/envs/train/bin/python   # the ranks' interpreter (default: see LaunchConfig.python)
       signal: USR2            # sent to the batch script signal_grace_s before the time limit
       signal_grace_s: 300
       max_restarts: 3         # requeues after a graceful stop (preemption, time limit)
@@ -42,6 +43,13 @@ class LaunchConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
+    python: str | None = Field(
+        None,
+        description="Interpreter the ranks run (`PYTHON -m clustertrain train`). Without `cluster.container_image` it must be "
+        "an absolute path that is the same on every node — in a project with an `aws:` section, on one of its shared file "
+        "systems (e.g. a venv under /fsx), or `submit` refuses. Default: the interpreter running `clustertrain submit`. "
+        "With a container image: the interpreter inside the image (default `python`).",
+    )
     signal: Literal["USR2", "TERM"] = Field(
         "USR2",
         description="Signal Slurm sends to the batch script `signal_grace_s` before the time limit (`--signal=B:SIG@s`); "
@@ -75,6 +83,15 @@ class LaunchConfig(BaseModel):
                 raise ValueError(f"launch.env: {key!r} is not a valid environment variable name (letters, digits, '_')")
             if val is not None:
                 _no_control_chars(val, f"launch.env.{key}")
+        return value
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, value: str | None) -> str | None:
+        if value is not None:
+            _no_control_chars(value, "launch.python")
+            if not value.strip():
+                raise ValueError("launch.python must not be empty; give the interpreter's path, e.g. /fsx/envs/train/bin/python")
         return value
 
     @field_validator("sbatch_args", "srun_args")

@@ -10,11 +10,25 @@ Format (version 1): one JSON object per line, one line per submitted Slurm job, 
 ``wait``), then the final Slurm state (COMPLETED, FAILED, CANCELLED, TIMEOUT...). ``restarts`` counts
 requeues. Updates rewrite the file atomically (temp file + rename); readers ignore unknown keys
 and damaged lines, so a newer clustertrain can add fields.
+
+End markers: ``RUN_DIR/jobs/<job id>.end``, written by the batch script itself (so they exist even when
+nobody ran ``status`` before Slurm forgot the job: ParallelCluster keeps a finished job MinJobAge=300 s
+and has no completion log). ``key=value`` lines, written to a temp file and renamed::
+
+    version=1
+    state=COMPLETED          # COMPLETED (exit 0) | FAILED (exit != 0) | CANCELLED/TIMEOUT/... (SIGTERM from Slurm)
+    exit_code=0              # the batch script's exit status (143 after SIGTERM)
+    restarts=1               # SLURM_RESTART_COUNT of the run that ended
+    ended=1795000100         # epoch seconds
+
+The script removes its job's marker when it starts (a requeued job runs again under the same id) and
+writes none when it requeues itself. A job killed without warning (node failure, SIGKILL) leaves none.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -44,8 +58,45 @@ class JobRecord:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
+END_MARKER_VERSION = 1
+
+
+@dataclass(frozen=True)
+class EndMarker:
+    """What the batch script recorded when its job ended (format in the module docstring)."""
+
+    job_id: str
+    state: str
+    exit_code: int | None
+    restarts: int
+    ended: float | None
+
+
 def scripts_dir(paths: RunPaths) -> Path:
     return paths.root / "jobs"
+
+
+def end_marker_path(paths: RunPaths, job_id: str) -> Path:
+    return scripts_dir(paths) / f"{job_id}.end"
+
+
+def read_end_marker(paths: RunPaths, job_id: str) -> EndMarker | None:
+    """The end marker of ``job_id`` in this run, or None (none written, or not readable as one)."""
+    try:
+        text = end_marker_path(paths, str(job_id)).read_text(encoding="utf-8", errors="replace")
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    kv = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+    state = kv.get("state", "").strip()
+    if not re.fullmatch(r"[A-Z][A-Z_]*", state):
+        return None
+
+    def number(key: str) -> int | None:
+        value = kv.get(key, "").strip()
+        return int(value) if value.lstrip("-").isdigit() else None
+
+    return EndMarker(str(job_id), state, number("exit_code"), number("restarts") or 0,
+                     float(number("ended")) if number("ended") is not None else None)
 
 
 def new_script_path(paths: RunPaths) -> Path:

@@ -12,6 +12,13 @@ Quoting. Two syntaxes meet in a batch script:
 No rendered string may hold a newline, carriage return or NUL (they would end a comment or a
 directive); :func:`build_request` rejects them with a :class:`~clustertrain.errors.LaunchError`.
 ``%`` in Slurm file names is a pattern character, so literal ``%`` in the log directory is written ``%%``.
+
+Containers (Pyxis). By default Pyxis sets the host's exported variables in the container *after* the
+image's entrypoint, and a value the image defines wins (Pyxis README, ``--container-env``). The ranks'
+wiring must not depend on what an image defines, so ``srun`` names it: ``--container-env=`` the
+rendezvous and rank variables (:data:`RANK_VARIABLES`) plus every variable of the rank environment;
+those keep the host's value. Nothing is prepended to ``LD_LIBRARY_PATH`` in a container: the image's
+own value (its CUDA, NCCL and EFA libraries) stays.
 """
 
 from __future__ import annotations
@@ -61,6 +68,7 @@ class SbatchRequest:
     max_restarts: int = 3
     container_image: str | None = None
     container_mounts: tuple[str, ...] = ()
+    container_env: tuple[str, ...] = ()
     sbatch_args: tuple[str, ...] = ()
     srun_args: tuple[str, ...] = ()
     submit_command: str = "clustertrain submit"
@@ -107,16 +115,35 @@ def default_log_dir(project: Project, entry: ModelEntry) -> Path:
     return storage_layout(project).log_dir(entry.name)
 
 
+#: what the ranks read to find each other (clustertrain.train.distributed.RankEnv), passed to Pyxis by name
+RANK_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_JOB_ID")
+
+
+def interpreter(project: Project, launch: LaunchConfig | None = None) -> str:
+    """The ranks' interpreter: ``launch.python``; else ``python`` inside a container image, or the interpreter
+    running clustertrain (``sys.executable``) on the host."""
+    launch = launch or launch_config_of(project)
+    if launch.python:
+        return launch.python
+    return "python" if project.cluster.container_image else sys.executable
+
+
 def build_request(project: Project, entry: ModelEntry, run_dir: Path, *, launch: LaunchConfig | None = None,
-                  job_name: str | None = None, python: str | None = None,
+                  job_name: str | None = None, python: str | None = None, nodes: int | None = None,
                   submit_command: str | None = None) -> SbatchRequest:
-    """The batch request for one model. ``python`` defaults to this interpreter (``sys.executable``);
-    with a container image it is ``python`` inside the container."""
+    """The batch request for one model. ``python`` defaults to :func:`interpreter`; ``nodes`` to the model's
+    node count (:func:`clustertrain.plan.nodes.nodes_for`: its pinned count, the plan's allocation, or
+    ``cluster.nodes``)."""
     launch = launch or launch_config_of(project)
     cluster = project.cluster
     run_dir = Path(run_dir).absolute()
     log_dir = default_log_dir(project, entry).absolute()
-    env = rank_environment(cluster.instance_type, cluster.nodes, launch)
+    if nodes is None:
+        from clustertrain.plan.nodes import nodes_for
+
+        nodes = nodes_for(project)[entry.name]
+    env = rank_environment(cluster.instance_type, nodes, launch, os=project.aws.os if project.aws else None,
+                           container=bool(cluster.container_image))
     mounts: tuple[str, ...] = ()
     if cluster.container_image:
         layout = storage_layout(project)
@@ -132,12 +159,13 @@ def build_request(project: Project, entry: ModelEntry, run_dir: Path, *, launch:
                                   "--container-mounts; move storage.root / the run directory to a plain path")
     request = SbatchRequest(
         project=project.name, model=entry.name, job_name=job_name or f"{project.name}-{entry.name}",
-        run_dir=run_dir, log_dir=log_dir, nodes=cluster.nodes, ntasks_per_node=cluster.ranks_per_node,
-        python=python or ("python" if cluster.container_image else sys.executable), env=env,
+        run_dir=run_dir, log_dir=log_dir, nodes=nodes, ntasks_per_node=cluster.ranks_per_node,
+        python=python or interpreter(project, launch), env=env,
         gpus_per_node=cluster.gpus_per_node, gpu_directive=launch.gpu_directive, cpus_per_task=cluster.cpus_per_task,
         partition=cluster.partition, time_limit=cluster.time_limit, exclusive=launch.exclusive,
         signal=launch.signal, signal_grace_s=launch.signal_grace_s, max_restarts=launch.max_restarts,
         container_image=cluster.container_image, container_mounts=mounts,
+        container_env=tuple(dict.fromkeys([*RANK_VARIABLES, *env.set, "PYTHONUNBUFFERED"])) if cluster.container_image else (),
         sbatch_args=tuple(launch.sbatch_args), srun_args=tuple(launch.srun_args),
         submit_command=submit_command or f"clustertrain submit PROJECT --model {entry.name}",
     )
@@ -149,7 +177,7 @@ def check_request(request: SbatchRequest) -> None:
     """Reject what cannot be rendered safely: newlines/CR/NUL anywhere, '/' in the job name."""
     for f in fields(request):
         check_renderable(f.name, getattr(request, f.name))
-    for name in [*request.env.set, *request.env.prepend]:
+    for name in [*request.env.set, *request.env.prepend, *request.container_env]:
         if not ENV_NAME_RE.match(name):
             raise LaunchError(f"environment variable name {name!r} is not valid (letters, digits, '_')")
     if not request.job_name or "/" in request.job_name:
@@ -190,6 +218,7 @@ def srun_command(request: SbatchRequest) -> list[str]:
     if request.container_image:
         argv += [f"--container-image={request.container_image}",
                  f"--container-mounts={','.join(request.container_mounts)}",
+                 f"--container-env={','.join(request.container_env)}",
                  f"--container-workdir={request.run_dir}", "--no-container-mount-home"]
     argv += list(request.srun_args)
     argv += [request.python, "-m", "clustertrain", "train", "--run-dir", str(request.run_dir), "--model", request.model]

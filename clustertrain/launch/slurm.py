@@ -4,7 +4,11 @@
 ``submit`` writes the script to ``RUN_DIR/jobs/``, runs ``sbatch --parsable`` (returns as soon as the
 job is queued) and adds a record to ``RUN_DIR/jobs.jsonl`` (:mod:`clustertrain.launch.jobs`);
 ``status`` asks the controller (``scontrol show job``) and, after the job left it, the
-jobcomp/filetxt log (:func:`clustertrain.launch.slurm_query.query_job`); ``logs`` reads (or follows)
+jobcomp/filetxt log (:func:`clustertrain.launch.slurm_query.query_job`); where the cluster keeps none
+(ParallelCluster: ``jobcomp/none``, ``MinJobAge=300``) the run directory's own records answer: the end
+marker the batch script wrote (:func:`clustertrain.launch.jobs.read_end_marker`), else the state an
+earlier ``status`` recorded in ``jobs.jsonl``; a job that left neither (killed without warning) is
+FAILED with ``detail`` saying so. ``logs`` reads (or follows)
 the job's output file; ``cancel`` runs ``scancel``. Client commands run with ``os.environ`` plus
 ``env`` (``SLURM_CONF``...), so jobs inherit that environment (sbatch's default ``--export=ALL``).
 
@@ -21,6 +25,7 @@ import subprocess
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,9 +33,9 @@ from clustertrain.errors import LaunchError
 from clustertrain.launch.backend import JobStatus
 from clustertrain.launch.config import LaunchConfig
 from clustertrain.launch.prepare import run_dir_for
-from clustertrain.launch.jobs import JobRecord, add_record, find_record, new_script_path, update_record
+from clustertrain.launch.jobs import JobRecord, add_record, find_record, new_script_path, read_end_marker, update_record
 from clustertrain.launch.sbatch import SbatchRequest, build_request, render_script
-from clustertrain.launch.slurm_query import JobState, parse_kv_line, query_job
+from clustertrain.launch.slurm_query import JobGone, JobState, parse_kv_line, query_job
 from clustertrain.project import Project
 from clustertrain.rundir import RunPaths, read_json, write_atomic
 
@@ -81,8 +86,13 @@ class SlurmLauncher:
         return self.submit_request(spec.paths, self.request_for(spec.project, spec))
 
     def status(self, job_id: str) -> JobStatus:
-        state = query_job(job_id, self.env, jobcomp_path=self.jobcomp_path)
         paths = self.runs.get(str(job_id))
+        try:
+            state = query_job(job_id, self.env, jobcomp_path=self.jobcomp_path)
+        except JobGone:
+            if paths is None:
+                raise
+            state = state_from_run(paths, str(job_id))
         status = to_job_status(state, read_json(paths.status) if paths and state.finished else None)
         if paths and state.finished:
             record = find_record(paths, str(job_id))
@@ -123,8 +133,9 @@ class SlurmLauncher:
 
     # -- beyond the protocol ----------------------------------------------------------------------
 
-    def request_for(self, project: Project, spec: "RunSpec", job_name: str | None = None) -> SbatchRequest:
-        return build_request(project, spec.entry, spec.paths.root, launch=self.launch, job_name=job_name,
+    def request_for(self, project: Project, spec: "RunSpec", job_name: str | None = None,
+                    nodes: int | None = None) -> SbatchRequest:
+        return build_request(project, spec.entry, spec.paths.root, launch=self.launch, job_name=job_name, nodes=nodes,
                              submit_command=self.submit_command)
 
     def submit_request(self, paths: RunPaths, request: SbatchRequest) -> str:
@@ -188,6 +199,28 @@ class SlurmLauncher:
         return proc
 
 
+def state_from_run(paths: RunPaths, job_id: str) -> JobState:
+    """A job Slurm has forgotten, from the run directory: the batch script's end marker, else the final state
+    an earlier ``status`` recorded, else FAILED (the job ended without a chance to record it)."""
+    record = find_record(paths, job_id)
+    name = record.job_name if record else ""
+    end = read_end_marker(paths, job_id)
+    if end is not None:
+        ended = datetime.fromtimestamp(end.ended) if end.ended is not None else None
+        return JobState(job_id, name, end.state, exit_code=end.exit_code, signal=0, restarts=end.restarts,
+                        end_time=ended, source="end-marker")
+    if record is not None and record.state:
+        ended = datetime.fromtimestamp(record.ended) if record.ended else None
+        return JobState(job_id, name, record.state, exit_code=record.exit_code, signal=0, restarts=record.restarts,
+                        end_time=ended, source="jobs.jsonl")
+    if record is None:
+        raise LaunchError(f"Slurm job {job_id} is unknown to the controller and {paths.jobs} has no record of it; "
+                          "check the job id")
+    return JobState(job_id, name, "FAILED", reason="ended without an end marker: Slurm has forgotten the job and its "
+                    "batch script was killed before it could record its end (node failure or SIGKILL)",
+                    restarts=record.restarts, source="run-dir")
+
+
 @dataclass
 class Submitted:
     model: str
@@ -198,27 +231,51 @@ class Submitted:
 
 def submit_project(project: Project, model: str | None, run_dir: Path | None, resume: bool,
                    launcher: SlurmLauncher, dry_run: bool = False) -> list[Submitted]:
-    """Submit one job per model (``model``: just that one). Every run is prepared (and so checked) before
-    the first sbatch; the jobs are queued back to back and run concurrently when the cluster has room.
-    ``dry_run`` renders the scripts without touching a run directory or the cluster."""
+    """Submit one job per model (``model``: just that one), each on its node count
+    (:func:`clustertrain.plan.nodes.nodes_for`). Refused, before anything is written, when the plan finds a
+    chosen model infeasible for its framework or a launch check fails (one line per problem, naming the field).
+    Every run is prepared (and so checked) before the first sbatch; the jobs are queued back to back and run
+    concurrently when the cluster has room. ``dry_run`` renders the scripts without touching a run directory or
+    the cluster (after the same checks)."""
     if project.cluster.backend != "slurm":
         raise LaunchError(f"cluster.backend is {project.cluster.backend!r}: `submit` sends Slurm jobs; set "
                           "cluster.backend: slurm (or --set cluster.backend=slurm), or use `clustertrain run`")
     entries = [project.model(model)] if model else list(project.models)
+    nodes = check_submittable(project, [e.name for e in entries], launcher.launch)
     several = len(entries) > 1
     if dry_run:
         out = []
         for entry in entries:
             root = run_dir_for(project, entry, run_dir, several)
-            request = build_request(project, entry, root, launch=launcher.launch, submit_command=launcher.submit_command)
+            request = build_request(project, entry, root, launch=launcher.launch, nodes=nodes[entry.name],
+                                    submit_command=launcher.submit_command)
             out.append(Submitted(entry.name, root, None, render_script(request)))
         return out
     from clustertrain.launch.prepare import prepare_run
 
     specs = [prepare_run(project, e, run_dir_for(project, e, run_dir, several), resume=resume) for e in entries]
-    requests = [launcher.request_for(project, spec) for spec in specs]
+    requests = [launcher.request_for(project, spec, nodes=nodes[spec.entry.name]) for spec in specs]
     out = []
     for spec, request in zip(specs, requests):
         job_id = launcher.submit_request(spec.paths, request)
         out.append(Submitted(spec.entry.name, spec.paths.root, job_id, str(find_record(spec.paths, job_id).script)))
     return out
+
+
+def check_submittable(project: Project, models: list[str], launch: LaunchConfig | None = None) -> dict[str, int]:
+    """Each model's node count, or :class:`LaunchError` with one line per error: the plan's (a model infeasible
+    for its framework, models that do not fit the cluster together) and the launch checks' (interpreter,
+    time limit vs the stop signal...) — :func:`clustertrain.plan.preflight.submit_blockers`,
+    :func:`clustertrain.launch.preflight.launch_findings`."""
+    from clustertrain.launch.preflight import launch_findings
+    from clustertrain.plan.nodes import nodes_for
+    from clustertrain.plan.plan import make_plan
+    from clustertrain.plan.preflight import submit_blockers
+
+    plan = make_plan(project)
+    errors = submit_blockers(project, models, plan)
+    errors += [f for f in launch_findings(project, plan=plan, launch=launch, models=models) if f.level == "error"]
+    if errors:
+        lines = [f"{f.path}: {f.message}; fix: {f.fix}" for f in errors]
+        raise LaunchError(f"submit refused ({len(errors)} problem{'s' if len(errors) > 1 else ''}):\n  " + "\n  ".join(lines))
+    return nodes_for(project, plan)

@@ -14,7 +14,8 @@ State-directory layout (every path is named once, in :class:`LocalSlurmPaths`)::
       slurm.conf          rendered from launch/templates/slurm.conf.j2 (clients need SLURM_CONF=this)
       gres.conf           only with gpus_per_node > 0 (Slurm reads it next to slurm.conf)
       jobcomp.txt         jobcomp/filetxt: one line per finished job, read by slurm_query after the job
-                          left the controller (MinJobAge)
+                          left the controller (MinJobAge); absent with ``jobcomp="none"`` (ParallelCluster's
+                          setting), where only the run directory's own records outlive the controller
       munge/              munge.key (random per cluster, mode 0400), munge.socket, munged.pid/.log/.seed
       ctld/               StateSaveLocation of slurmctld
       spool/nodeK/        SlurmdSpoolDir of each node (batch scripts, step sockets)
@@ -62,6 +63,9 @@ _SBIN = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
 _BAD_PATH_CHARS = set(" \t\n\"'#=,$%\\")
 _DAEMON_NAMES = ("munged", "slurmctld", "slurmd", "slurmstepd")
 _MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with the terminating NUL
+#: JobCompType plugins the local cluster can run: ``filetxt`` keeps final states in jobcomp.txt; ``none`` is
+#: what ParallelCluster configures (with MinJobAge=300), so a finished job is forgotten MinJobAge after its end.
+JOBCOMP_TYPES = ("filetxt", "none")
 
 
 @dataclass(frozen=True)
@@ -176,15 +180,17 @@ class LocalSlurmCluster:
 
     def __init__(self, state_dir: str | Path, nodes: int = 2, cpus_per_node: int | None = None,
                  gpus_per_node: int = 0, *, gpu_type: str = "h100", partition: str = "debug",
-                 min_job_age: int = 300, timeout: float = 30.0) -> None:
+                 min_job_age: int = 300, jobcomp: str = "filetxt", timeout: float = 30.0) -> None:
         if nodes < 1:
             raise LaunchError(f"local Slurm: nodes={nodes} must be at least 1")
         if cpus_per_node is not None and cpus_per_node < 1:
             raise LaunchError(f"local Slurm: cpus_per_node={cpus_per_node} must be at least 1")
         if not 0 <= gpus_per_node <= 64:
             raise LaunchError(f"local Slurm: gpus_per_node={gpus_per_node} must be between 0 and 64")
-        if min_job_age < 60:
-            raise LaunchError(f"local Slurm: min_job_age={min_job_age} must be >= 60 s")
+        if min_job_age < 2:
+            raise LaunchError(f"local Slurm: min_job_age={min_job_age} must be >= 2 s (Slurm's smallest safe value)")
+        if jobcomp not in JOBCOMP_TYPES:
+            raise LaunchError(f"local Slurm: jobcomp={jobcomp!r} must be one of {', '.join(JOBCOMP_TYPES)}")
         for key, value in (("gpu_type", gpu_type), ("partition", partition)):
             if not re.fullmatch(r"[A-Za-z0-9_.-]{1,40}", value):
                 raise LaunchError(f"local Slurm: {key}={value!r} must be letters, digits, '_', '.' or '-'")
@@ -196,7 +202,7 @@ class LocalSlurmCluster:
         self.paths = LocalSlurmPaths(root)
         self.spec = {"nodes": nodes, "cpus_per_node": cpus_per_node or os.cpu_count() or 1,
                      "gpus_per_node": gpus_per_node, "gpu_type": gpu_type, "partition": partition,
-                     "min_job_age": min_job_age}
+                     "min_job_age": min_job_age, "jobcomp": jobcomp}
         self.timeout = timeout
         self._children: dict[int, subprocess.Popen] = {}
 

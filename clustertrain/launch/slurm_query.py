@@ -14,7 +14,9 @@ Formats parsed here (Slurm 22.05; tests feed output captured from a real local c
 * Slurm hostlists (``node[1-3,5]``, ``gpu-[01-02],cpu1``): :func:`expand_hostlist`.
 
 A backend calls :func:`query_job` while it waits for a job: it asks the controller and, once the
-job has left it (``MinJobAge`` after the end), falls back to the jobcomp file.
+job has left it (``MinJobAge`` after the end), falls back to the jobcomp file. Where there is none
+(ParallelCluster runs ``JobCompType=jobcomp/none`` with ``MinJobAge=300``) it raises :class:`JobGone`,
+and the caller reads the run directory's own records (:func:`clustertrain.launch.jobs.read_end_marker`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ FINISHED_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NOD
                              "PREEMPTED", "BOOT_FAIL", "DEADLINE", "REVOKED"})
 _KEY = re.compile(r"(?:^|\s)([A-Z][A-Za-z0-9_/:.]*)=")  # Slurm keys start upper-case
 _UNKNOWN_JOB = ("Invalid job id", "Invalid job ID")
+
+
+class JobGone(LaunchError):
+    """The controller has forgotten the job (MinJobAge after its end) and no jobcomp/filetxt log knows it."""
 
 
 @dataclass(frozen=True)
@@ -210,9 +216,12 @@ def query_job(job_id: str | int, env: Mapping[str, str] | None = None, *,
     if not any(s in proc.stderr for s in _UNKNOWN_JOB):
         raise LaunchError(f"`scontrol show job {job_id}` failed: {_last_line(proc.stderr)}")
     path = Path(jobcomp_path) if jobcomp_path else find_jobcomp(env)
+    if path is None:
+        raise JobGone(f"Slurm job {job_id} is unknown to the controller, which forgets a job MinJobAge after its end, and "
+                      "this cluster keeps no completion log (JobCompType is not jobcomp/filetxt)")
     record = parse_jobcomp(path.read_text(errors="replace") if path.exists() else "").get(str(job_id))
     if record is None:
-        raise LaunchError(f"Slurm job {job_id} is unknown to the controller and not in {path}; check the job id")
+        raise JobGone(f"Slurm job {job_id} is unknown to the controller and not in {path}; check the job id")
     return record
 
 
@@ -225,16 +234,15 @@ def query_nodes(env: Mapping[str, str] | None = None) -> list[NodeInfo]:
     return parse_nodes(_run(["scontrol", "show", "node", "-o"], env).stdout)
 
 
-def find_jobcomp(env: Mapping[str, str] | None = None) -> Path:
-    """JobCompLoc of the cluster; only jobcomp/filetxt keeps final states we can read."""
+def find_jobcomp(env: Mapping[str, str] | None = None) -> Path | None:
+    """JobCompLoc of the cluster when it runs jobcomp/filetxt (the only completion log we can read); else None."""
     kv: dict[str, str] = {}
     for line in _run(["scontrol", "show", "config"], env).stdout.splitlines():
         key, sep, value = line.partition("=")
         if sep:
             kv[key.strip()] = value.strip()
-    if kv.get("JobCompType") != "jobcomp/filetxt":
-        raise LaunchError(f"cannot read finished jobs: JobCompType is {kv.get('JobCompType')!r}; set "
-                          "JobCompType=jobcomp/filetxt (or use accounting with sacct)")
+    if kv.get("JobCompType") != "jobcomp/filetxt" or not kv.get("JobCompLoc"):
+        return None
     return Path(kv["JobCompLoc"])
 
 

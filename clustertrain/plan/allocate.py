@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from clustertrain.plan.frameworks import BUILTIN, Framework
 from clustertrain.plan.memory import GiB, Layout, MemoryEstimate, estimate_memory, memory_budget, structure_problems
 from clustertrain.plan.shape import ModelShape
 
@@ -39,6 +40,7 @@ class ModelSpec:
     mfu: float = 0.40
     fixed_nodes: int | None = None
     deadline_days: float | None = None
+    framework: Framework = BUILTIN
 
     @property
     def total_flops(self) -> float:
@@ -112,15 +114,23 @@ def evaluate(spec: ModelSpec, hw: Hardware, gpus: int) -> Evaluation:
 
 
 def _memory_hint(spec: ModelSpec) -> str:
+    """What could make the model fit, among what its framework implements."""
+    fw = spec.framework
     tips = []
-    if spec.zero_stage < 3:
-        tips.append(f"zero_stage {spec.zero_stage + 1}")
-    if spec.recompute != "full":
-        tips.append("recompute: " + ("selective" if spec.recompute == "none" else "full"))
-    tips.append(f"tp {spec.tp * 2}" if spec.tp < 8 else f"pp {spec.pp * 2}")
+    if any(z > spec.zero_stage for z in fw.zero_stages):
+        tips.append(f"zero_stage {min(z for z in fw.zero_stages if z > spec.zero_stage)}")
+    if spec.recompute != "full" and any(r not in ("none", spec.recompute) for r in fw.recompute):
+        tips.append("recompute: " + ("selective" if spec.recompute == "none" and "selective" in fw.recompute else "full"))
+    if any(t > spec.tp for t in fw.tp):
+        tips.append(f"tp {min(t for t in fw.tp if t > spec.tp)}")
+    elif any(p > spec.pp for p in fw.pp):
+        tips.append(f"pp {min(p for p in fw.pp if p > spec.pp)}")
     if spec.micro_batch > 1:
         tips.append("a smaller micro_batch")
-    return "try " + ", ".join(tips)
+    if tips:
+        return "try " + ", ".join(tips)
+    lacks = fw.lacks()
+    return (f"the {fw.name} framework has no {lacks}: " if lacks else "") + "use a smaller model or GPUs with more memory"
 
 
 @dataclass

@@ -2,7 +2,9 @@
 A leaf module: it imports nothing from clustertrain but errors, so project.py can compose it.
 
 Project-level settings are defaults; a model's ``plan:`` section overrides the layout ones
-(tp, pp, zero_stage, recompute, sequence_parallel, assumed_mfu) for that model only.
+(tp, pp, zero_stage, recompute, sequence_parallel, assumed_mfu) for that model only. The plan is
+computed for what each model's framework implements (:mod:`clustertrain.plan.frameworks`); a setting
+here that the framework lacks is reported and replaced by the framework's own.
 """
 
 from __future__ import annotations
@@ -64,9 +66,10 @@ class PlanConfig(_Strict):
     framework_gib: float = Field(
         3.0, ge=0, description="Per-GPU allowance in GiB for the CUDA context, NCCL buffers and workspaces (stated, not measured)."
     )
-    zero_stage: Literal[0, 1, 2, 3] = Field(
-        0, description="Optimizer-state sharding over data-parallel ranks: 0 = DDP (the trainer today), 1 = optimizer states, "
-        "2 = + gradients, 3 = + parameters (FSDP full shard).",
+    zero_stage: Literal[0, 1, 2, 3] | None = Field(
+        None, description="Optimizer-state sharding over data-parallel ranks: 0 = DDP, 1 = optimizer states, "
+        "2 = + gradients, 3 = + parameters (FSDP full shard). Default: what each model's framework does (the built-in "
+        "trainer: 0). A stage the framework does not implement is reported, and the plan uses the framework's.",
     )
     recompute: Recompute = Field(
         "none", description="Activation recomputation: `none`, `selective` (attention core, Korthikanti et al. 2022) or `full` (keep layer inputs only)."
@@ -75,10 +78,11 @@ class PlanConfig(_Strict):
     flash_attention: bool = Field(
         True, description="Attention kernels that do not store the s x s score matrix (scaled_dot_product_attention on GPU)."
     )
-    bf16_weights: Literal["bf16", "fp32"] = Field(
-        "bf16",
+    bf16_weights: Literal["bf16", "fp32"] | None = Field(
+        None,
         description="With bf16 training: `bf16` = bf16 weights and gradients plus fp32 master weights and moments (2+2+12 bytes/param, "
-        "ZeRO/Megatron); `fp32` = fp32 weights under autocast, as the trainer does today (4+4+8 bytes/param).",
+        "ZeRO/Megatron); `fp32` = fp32 weights under autocast (4+4+8 bytes/param + a 2-byte autocast copy). Default: what "
+        "each model's framework does (the built-in trainer: fp32); a choice the framework lacks is reported and not used.",
     )
     node_sharing: bool = Field(
         False, description="Allow models to share a node (allocate GPUs instead of whole nodes)."
@@ -92,11 +96,14 @@ class PlanConfig(_Strict):
 
 
 class ModelPlanConfig(_Strict):
-    nodes: int | None = Field(None, ge=1, description="Fixed number of nodes for this model (default: allocated by the planner).")
+    nodes: int | None = Field(
+        None, ge=1, description="Fixed number of nodes for this model; `clustertrain submit` runs its job on them. Default: the "
+        "planner's allocation when `plan.cluster_nodes` is set, else `cluster.nodes`.",
+    )
     tokens: int | None = Field(None, ge=1, description="Token budget for planning (default: max_steps x global_batch x seq_len).")
     deadline_days: float | None = Field(None, gt=0, description="Training must finish within this many days; fewer nodes are infeasible.")
-    tp: int | None = Field(None, ge=1, description="Tensor-parallel degree to plan with (default: parallelism.tp). Planning only.")
-    pp: int | None = Field(None, ge=1, description="Pipeline-parallel degree to plan with (default: parallelism.pp). Planning only.")
+    tp: int | None = Field(None, ge=1, description="Tensor-parallel degree to plan with (default: parallelism.tp); a degree the model's framework lacks is reported and not used.")
+    pp: int | None = Field(None, ge=1, description="Pipeline-parallel degree to plan with (default: parallelism.pp); a degree the model's framework lacks is reported and not used.")
     zero_stage: Literal[0, 1, 2, 3] | None = Field(None, description="Overrides plan.zero_stage for this model.")
     recompute: Recompute | None = Field(None, description="Overrides plan.recompute for this model.")
     sequence_parallel: bool | None = Field(None, description="Overrides plan.sequence_parallel for this model.")

@@ -4,6 +4,11 @@ memory, time and cost, the allocation of nodes across models — and what is wro
 Two modes: with ``plan.cluster_nodes`` the models train at the same time and share that many
 nodes (allocated by :func:`clustertrain.plan.allocate.allocate`); without it they run one after
 another, each on ``models[].plan.nodes`` or ``cluster.nodes``.
+
+Each model is planned for what its framework implements (:mod:`clustertrain.plan.frameworks`): a
+setting the project asks for that the framework lacks is listed in ``ModelPlan.adjustments`` and the
+framework's own is used. The price applies only in the project's region (``aws.region``, else
+``storage.region``); a catalog price taken elsewhere is shown as such and not used for costs.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from dataclasses import dataclass, field
 
 from clustertrain.plan.allocate import DAY, Allocation, Evaluation, Hardware, ModelSpec, allocate, evaluate
 from clustertrain.plan.catalog import Instance, find_instance, load_catalog
+from clustertrain.plan.frameworks import Adjustment, effective_settings
 from clustertrain.plan.shape import ModelShape, model_vocab
 
 
@@ -44,6 +50,9 @@ class ModelPlan:
     gpu_hours: float | None
     cost_usd: float | None
     reasons: list[str] = field(default_factory=list)
+    framework: str = "builtin"
+    bf16_weights: str = "fp32"
+    adjustments: list[str] = field(default_factory=list)  # settings asked for that the framework lacks
 
     @property
     def feasible(self) -> bool:
@@ -71,6 +80,8 @@ class ClusterTotals:
     idle_nodes: float
     days: float | None                 # until the last model finishes
     cost_usd: float | None             # the cluster for `days`
+    region: str | None = None          # where the project runs (aws.region, else storage.region)
+    price_note: str | None = None      # why no price applies (region mismatch), when none does
 
 
 @dataclass
@@ -80,10 +91,14 @@ class Plan:
     models: list[ModelPlan]
     problems: list[str]
     assumptions: list[str]
+    adjustments: list[Adjustment] = field(default_factory=list)
 
     @property
     def feasible(self) -> bool:
         return not self.problems and all(m.feasible for m in self.models)
+
+    def model(self, name: str) -> ModelPlan:
+        return next(m for m in self.models if m.name == name)
 
 
 def _hardware(project, calibration) -> tuple[Hardware, Instance | None]:
@@ -101,21 +116,38 @@ def _hardware(project, calibration) -> tuple[Hardware, Instance | None]:
     return Hardware(ranks, host / ranks, peak, p.headroom, 0.0), inst
 
 
-def model_spec(project, entry, default_mfu: float, cpu: bool) -> ModelSpec:
+def model_spec(project, index: int, entry, default_mfu: float, cpu: bool) -> tuple[ModelSpec, list[Adjustment]]:
+    """The planner's view of model ``index``, with the settings its framework implements."""
     mp, t, pc = entry.plan, entry.training, project.plan
+    fw, used, adjustments = effective_settings(project, index, entry)
     shape = ModelShape.from_arch(entry.model, model_vocab(entry.model, entry.data.tokenizer))
     precision = "fp32" if t.precision == "fp32" or (t.precision == "auto" and cpu) else "bf16"
     tokens = mp.tokens or t.max_steps * t.global_batch * entry.model.seq_len
-    return ModelSpec(
+    spec = ModelSpec(
         name=entry.name, shape=shape, tokens=tokens, global_batch=t.global_batch, micro_batch=t.micro_batch,
-        tp=mp.tp or entry.parallelism.tp, pp=mp.pp or entry.parallelism.pp,
-        zero_stage=mp.zero_stage if mp.zero_stage is not None else pc.zero_stage,
-        recompute=mp.recompute or pc.recompute,
-        sequence_parallel=mp.sequence_parallel if mp.sequence_parallel is not None else pc.sequence_parallel,
-        flash_attention=pc.flash_attention and not cpu, precision=precision,
-        bf16_weights=pc.bf16_weights, mfu=mp.assumed_mfu or pc.assumed_mfu or default_mfu,
-        fixed_nodes=mp.nodes, deadline_days=mp.deadline_days,
+        tp=used["tp"], pp=used["pp"], zero_stage=used["zero_stage"], recompute=used["recompute"],
+        sequence_parallel=used["sequence_parallel"], flash_attention=pc.flash_attention and fw.flash_attention and not cpu,
+        precision=precision, bf16_weights=used["bf16_weights"], mfu=mp.assumed_mfu or pc.assumed_mfu or default_mfu,
+        fixed_nodes=mp.nodes, deadline_days=mp.deadline_days, framework=fw,
     )
+    return spec, adjustments
+
+
+def project_region(project) -> str | None:
+    """Where the project runs: ``aws.region``, else ``storage.region``; None when it does not say."""
+    if project.aws is not None:
+        return project.aws.region
+    return project.storage.region
+
+
+def applicable_price(inst: Instance | None, region: str | None, explicit: bool):
+    """(price or None, note): a price applies only in the project's region (or when the project names none)."""
+    price = inst.price if inst else None
+    if price is None or region is None or price.region == region:
+        return price, None
+    where = "plan.price" if explicit else f"the catalog's {inst.name} price"
+    return None, (f"no price for {region}: {where} is for {price.region} (${price.per_hour:,.2f}/h, {price.date}) and is "
+                  f"not used; set plan.price with region: {region}")
 
 
 def make_plan(project, calibration=None) -> Plan:
@@ -125,7 +157,9 @@ def make_plan(project, calibration=None) -> Plan:
     hw, inst = _hardware(project, calibration)
     cpu = c.gpus_per_node == 0
     default_mfu = (calibration.efficiency if (cpu and calibration is not None) else (inst.assumed_mfu if inst else 0.40))
-    specs = [model_spec(project, e, default_mfu, cpu) for e in project.models]
+    pairs = [model_spec(project, i, e, default_mfu, cpu) for i, e in enumerate(project.models)]
+    specs = [sp for sp, _ in pairs]
+    adjustments = {sp.name: adj for sp, adj in pairs}
     problems: list[str] = []
     if p.cluster_nodes is not None:
         mode, total_nodes = "concurrent", p.cluster_nodes
@@ -141,8 +175,9 @@ def make_plan(project, calibration=None) -> Plan:
         total_nodes = max(s.fixed_nodes or c.nodes for s in specs)
         unit_gpus = hw.gpus_per_node
         alloc = Allocation({n: ev.gpus // unit_gpus for n, ev in evals.items()}, evals, infeasible, [], 0)
-    price = inst.price if inst else None
-    models = [_model_plan(s, alloc, hw, price.per_hour if price else None) for s in specs]
+    region = project_region(project)
+    price, price_note = applicable_price(inst, region, p.price is not None)
+    models = [_model_plan(s, alloc, hw, price.per_hour if price else None, adjustments[s.name]) for s in specs]
     days = [m.days for m in models if m.days is not None]
     makespan = (max(days) if mode == "concurrent" else sum(days)) if days else None
     per_node = price.per_hour if price else None
@@ -157,13 +192,16 @@ def make_plan(project, calibration=None) -> Plan:
         cost_per_hour=per_node * total_nodes if per_node is not None else None,
         idle_nodes=alloc.idle_units * unit_gpus / hw.gpus_per_node if mode == "concurrent" else 0,
         days=makespan, cost_usd=per_node * total_nodes * makespan * 24 if (per_node and makespan is not None) else None,
+        region=region, price_note=price_note,
     )
     if c.gpus_per_node > 0 and inst is None:
         problems.append("cluster.instance_type is not set: no GPU memory, peak or price to plan with; set e.g. cluster.instance_type: p5e.48xlarge")
-    return Plan(project.name, totals, models, problems, _assumptions(project, hw, inst, default_mfu, calibration))
+    assumptions = _assumptions(project, hw, inst, default_mfu, calibration, specs, price, price_note)
+    return Plan(project.name, totals, models, problems, assumptions, [a for sp in specs for a in adjustments[sp.name]])
 
 
-def _model_plan(spec: ModelSpec, alloc: Allocation, hw: Hardware, price: float | None) -> ModelPlan:
+def _model_plan(spec: ModelSpec, alloc: Allocation, hw: Hardware, price: float | None,
+                adjustments: list[Adjustment]) -> ModelPlan:
     ev: Evaluation | None = alloc.evaluations.get(spec.name)
     reasons = alloc.infeasible.get(spec.name, [])
     shape = spec.shape
@@ -175,6 +213,8 @@ def _model_plan(spec: ModelSpec, alloc: Allocation, hw: Hardware, price: float |
         global_batch=spec.global_batch, zero_stage=spec.zero_stage, recompute=spec.recompute, mfu=spec.mfu,
         nodes=None, gpus=None, fixed=spec.fixed_nodes is not None, memory=None, memory_budget_bytes=None,
         step_time_s=None, days=None, gpu_hours=None, cost_usd=None, reasons=list(reasons),
+        framework=spec.framework.name, bf16_weights=spec.bf16_weights if spec.precision == "bf16" else "fp32",
+        adjustments=[str(a) for a in adjustments],
     )
     if ev is None:
         return m
@@ -194,9 +234,16 @@ def _model_plan(spec: ModelSpec, alloc: Allocation, hw: Hardware, price: float |
     return m
 
 
-def _assumptions(project, hw: Hardware, inst: Instance | None, mfu: float, calibration) -> list[str]:
+def _assumptions(project, hw: Hardware, inst: Instance | None, mfu: float, calibration, specs: list[ModelSpec],
+                 price, price_note: str | None) -> list[str]:
     p = project.plan
     out = []
+    for fw in dict.fromkeys(sp.framework for sp in specs):
+        names = [sp.name for sp in specs if sp.framework is fw]
+        whom = "every model" if len(names) == len(specs) else ", ".join(names)
+        out.append(f"framework of {whom}: {fw.description} — planned with zero_stage {'/'.join(map(str, fw.zero_stages))}, "
+                   f"tp {'/'.join(map(str, fw.tp))}, pp {'/'.join(map(str, fw.pp))}, recompute {'/'.join(fw.recompute)}, "
+                   f"{'/'.join(fw.weights)} weights under bf16")
     if calibration is None and project.cluster.gpus_per_node == 0:
         out.append("CPU workers have no data-sheet peak: run `clustertrain plan --calibrate` to measure this machine and estimate times; "
                    "memory is checked against host RAM / workers")
@@ -208,10 +255,13 @@ def _assumptions(project, hw: Hardware, inst: Instance | None, mfu: float, calib
                    f"({'plan.assumed_mfu' if p.assumed_mfu else 'catalog default'})")
     out.append("FLOPs per token: 6 x non-embedding parameters + 6 x layers x heads x head_dim x seq_len (the trainer's MFU formula)")
     if hw.gpu_memory_gib is not None and project.cluster.gpus_per_node:
+        weights = sorted({sp.bf16_weights for sp in specs})
         out.append(f"memory: {p.headroom:.0%} of each GPU kept free; {p.framework_gib:g} GiB per GPU for CUDA context/NCCL buffers; "
-                   f"{'flash' if p.flash_attention else 'materialised'} attention; bf16 weights: {p.bf16_weights}")
-    if inst is not None and inst.price is not None:
-        pr = inst.price
-        out.append(f"price: ${pr.per_hour:,.2f}/h per {inst.name}, {pr.kind}, {pr.region}, taken {pr.date}"
-                   + (f" ({pr.source})" if pr.source else "") + "; prices drift — override with plan.price")
+                   f"{'flash' if p.flash_attention else 'materialised'} attention; weights under bf16: {'/'.join(weights)} "
+                   "(fp32: 4+4+8 bytes/param + 2-byte autocast copy + DDP gradient buckets)")
+    if price is not None:
+        out.append(f"price: ${price.per_hour:,.2f}/h per {inst.name}, {price.kind}, {price.region}, taken {price.date}"
+                   + (f" ({price.source})" if price.source else "") + "; prices drift — override with plan.price")
+    elif price_note:
+        out.append(f"price: {price_note}")
     return out

@@ -2,7 +2,9 @@
 
 JSON format (``version: 1``): ``{"version", "project", "feasible", "cluster": ClusterTotals fields,
 "models": [ModelPlan fields + "feasible"], "problems": [...], "assumptions": [...]}``; bytes are
-integers, times in seconds/days, money in USD.
+integers, times in seconds/days, money in USD. Each model carries ``framework``, ``bf16_weights`` and
+``adjustments`` (the settings the project asked for that its framework lacks, and what was planned
+instead); the cluster carries ``region`` and ``price_note`` (why no price applies, when none does).
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ def cluster_lines(plan: Plan) -> list[tuple[str, str]]:
         ("vCPUs", _num(c.vcpus)),
         ("memory", _memory_text(c.memory_gib)),
         ("price", f"${c.cost_per_hour:,.2f}/h (${c.price_per_hour:,.2f}/h per node, {c.price_region}, {c.price_date})"
-         if c.cost_per_hour is not None else "-"),
+         if c.cost_per_hour is not None else (c.price_note or "-")),
         ("mode", "models train at the same time" if c.mode == "concurrent" else "models train one after another"),
     ]
     if c.mode == "concurrent":
@@ -112,6 +114,10 @@ def model_row(m: ModelPlan) -> list[str]:
 
 def _verdict(plan: Plan) -> list[str]:
     out = []
+    for text in dict.fromkeys(a for m in plan.models for a in m.adjustments):
+        names = [m.name for m in plan.models if text in m.adjustments]
+        whom = "every model" if len(names) == len(plan.models) > 1 else ", ".join(names)
+        out.append(f"adjusted ({whom}): {text}")
     for p in plan.problems:
         out.append(f"problem: {p}")
     for m in plan.models:

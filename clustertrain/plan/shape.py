@@ -6,7 +6,8 @@ Parameters of ``GPT`` (h = hidden, f = ffn_dim, m = 2 for SwiGLU else 1, V = voc
              (n = 2h for LayerNorm weight+bias, h for RMSNorm)
   embeddings: token V·h, position s·h; final norm n; head V·h unless tied.
 Non-embedding parameters (``GPT.num_params(non_embedding=True)``) exclude the token and position
-embeddings and an untied head. ``tests/unit/plan/test_shape.py`` checks both against the real model.
+embeddings and an untied head. ``tests/unit/plan/test_shape_memory.py`` checks both against the real model.
+Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -69,17 +70,18 @@ class ModelShape:
         return self.layers * per_layer + 2 + self.norm_tensors + (0 if self.tie_embeddings else 1)
 
     def flops_per_token(self) -> float:
-        """Training FLOPs per token — the trainer's formula (clustertrain.train.model.flops_per_token), reused."""
-        from clustertrain.train.model import flops_per_token
-
-        return flops_per_token(self, self.non_embedding_params())
+        """Training FLOPs per token: the trainer's formula (``clustertrain.train.model.flops_per_token``),
+        6·N(non-embedding) + 6·L·H·head_dim·seq. Written here again because that module imports torch and
+        the planner must not (``submit`` plans every model in about a second);
+        ``tests/unit/plan/test_shape_memory.py`` checks that both agree."""
+        return 6.0 * self.non_embedding_params() + 6.0 * self.layers * self.heads * self.head_dim * self.seq_len
 
 
 def model_vocab(arch, tokenizer: str) -> int:
-    """The model's vocabulary as the trainer computes it (configured, or the tokenizer's rounded up to 64)."""
+    """The model's vocabulary as the trainer computes it: the configured one, or the tokenizer's rounded
+    up to a multiple of 64 (``clustertrain.train.model.padded_vocab``; the test checks they agree)."""
     if arch.vocab is not None:
         return arch.vocab
     from clustertrain.data.tokenizers import load_tokenizer
-    from clustertrain.train.model import padded_vocab
 
-    return padded_vocab(arch, load_tokenizer(tokenizer).vocab_size)
+    return (load_tokenizer(tokenizer).vocab_size + 63) // 64 * 64

@@ -1,13 +1,19 @@
-"""NCCL/EFA presets: lookup by instance family and scale, project overrides, and the data file itself."""
+"""NCCL/EFA presets: lookup by instance family, scale and OS, project overrides, and the data file itself.
+
+The preset holds only what the current aws-ofi-nccl asks users to set (its doc/efa-env-var.md and
+src/platform-aws.cpp): the old preset set FI_PROVIDER, FI_EFA_USE_DEVICE_RDMA, FI_EFA_FORK_SAFE, NCCL_BUFFSIZE,
+NCCL_P2P_NET_CHUNKSIZE (all set by the plugin itself on p5/p5e) and an NCCL_TUNER_PLUGIN path that does not
+exist on alinux2023 (and makes the plugin skip its own tuner setup)."""
 
 from __future__ import annotations
 
 import pytest
 
 from clustertrain.launch.config import LaunchConfig
-from clustertrain.launch.presets import PRESETS_FILE, family_of, load_presets, rank_environment
+from clustertrain.launch.presets import PRESETS_FILE, discouraged, family_of, load_presets, rank_environment
 
-TUNER = "/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu/libnccl-ofi-tuner.so"
+PLUGIN_SETS = ("FI_PROVIDER", "FI_EFA_USE_DEVICE_RDMA", "FI_EFA_FORK_SAFE", "NCCL_BUFFSIZE", "NCCL_P2P_NET_CHUNKSIZE",
+               "NCCL_TUNER_PLUGIN", "NCCL_PROTO", "NCCL_ALGO")
 
 
 @pytest.mark.parametrize("itype,family", [("p5.48xlarge", "p5"), ("p5e.48xlarge", "p5e"), ("p5en.48xlarge", "p5en"),
@@ -18,13 +24,34 @@ def test_family_of(itype, family):
 
 
 @pytest.mark.parametrize("family", ["p5", "p5e", "p5en", "p4d"])
-def test_every_efa_family_gets_the_efa_basics(family):
-    env = rank_environment(f"{family}.48xlarge", 2)
-    assert env.efa and env.family == family and env.scale == "small"
-    for key, value in {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1",
-                       "NCCL_SOCKET_IFNAME": "^docker,lo,veth", "NCCL_DEBUG": "INFO"}.items():
-        assert env.set[key] == value, key
-    assert env.prepend["LD_LIBRARY_PATH"] == ["/opt/amazon/efa/lib", "/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu"]
+@pytest.mark.parametrize("nodes", [2, 14])
+def test_no_efa_family_sets_what_the_plugin_sets_itself(family, nodes):
+    env = rank_environment(f"{family}.48xlarge", nodes, os="alinux2023")
+    assert env.efa and env.family == family
+    assert not set(PLUGIN_SETS) & set(env.set), env.set
+    assert env.set["NCCL_SOCKET_IFNAME"] == "^docker,lo,veth"
+
+
+@pytest.mark.parametrize("os,libdir", [("alinux2023", "lib64"), ("rhel9", "lib64"), ("rocky8", "lib64"),
+                                       ("ubuntu2204", "lib"), ("ubuntu2404", "lib")])
+def test_library_directories_follow_the_os_package_layout(os, libdir):
+    env = rank_environment("p5e.48xlarge", 11, os=os)
+    assert env.prepend["LD_LIBRARY_PATH"] == [f"/opt/amazon/efa/{libdir}", f"/opt/amazon/ofi-nccl/{libdir}"]
+    assert not any("x86_64-linux-gnu" in d for d in env.prepend["LD_LIBRARY_PATH"])  # the pre-1.17 Debian layout
+
+
+def test_nothing_is_prepended_in_a_container_or_when_the_os_is_unknown():
+    assert rank_environment("p5e.48xlarge", 11, os="alinux2023", container=True).prepend == {}
+    assert rank_environment("p5e.48xlarge", 11).prepend == {}
+
+
+def test_every_aws_os_has_a_layout():
+    from typing import get_args
+
+    from clustertrain.cloud.config import AwsConfig
+
+    oses = get_args(AwsConfig.model_fields["os"].annotation)
+    assert set(oses) == set(load_presets()["os_layout"]), "add the new aws.os value to os_layout in nccl_presets.yaml"
 
 
 def test_scale_switches_at_small_max_nodes():
@@ -34,36 +61,31 @@ def test_scale_switches_at_small_max_nodes():
     assert (large.scale, large.set["NCCL_DEBUG"]) == ("large", "WARN")
 
 
-def test_hopper_families_use_the_tuner_and_buffers_p4d_does_not():
-    for family in ("p5", "p5e", "p5en"):
-        env = rank_environment(f"{family}.48xlarge", 16).set
-        assert (env["NCCL_TUNER_PLUGIN"], env["NCCL_BUFFSIZE"], env["NCCL_P2P_NET_CHUNKSIZE"]) == (TUNER, "8388608", "524288")
-    p4d = rank_environment("p4d.24xlarge", 16).set
-    assert "NCCL_TUNER_PLUGIN" not in p4d and "NCCL_BUFFSIZE" not in p4d
-
-
 def test_project_overrides_win_and_null_removes():
-    launch = LaunchConfig(env={"NCCL_DEBUG": "TRACE", "NCCL_TUNER_PLUGIN": None, "LD_LIBRARY_PATH": "/x", "EXTRA": "1"})
-    env = rank_environment("p5e.48xlarge", 2, launch)
+    launch = LaunchConfig(env={"NCCL_DEBUG": "TRACE", "NCCL_SOCKET_IFNAME": None, "LD_LIBRARY_PATH": "/x", "EXTRA": "1"})
+    env = rank_environment("p5e.48xlarge", 2, launch, os="ubuntu2204")
     assert env.set["NCCL_DEBUG"] == "TRACE" and env.set["EXTRA"] == "1" and env.set["LD_LIBRARY_PATH"] == "/x"
-    assert "NCCL_TUNER_PLUGIN" not in env.set and "LD_LIBRARY_PATH" not in env.prepend
+    assert "NCCL_SOCKET_IFNAME" not in env.set and "LD_LIBRARY_PATH" not in env.prepend
 
 
 def test_unknown_or_missing_instance_type_has_no_preset_but_keeps_overrides():
-    env = rank_environment("g5.12xlarge", 1, LaunchConfig(env={"A": "b"}))
+    env = rank_environment("g5.12xlarge", 1, LaunchConfig(env={"A": "b"}), os="alinux2023")
     assert (env.set, env.prepend, env.efa, env.family) == ({"A": "b"}, {}, False, "g5")
     assert rank_environment(None, 4).set == {}
 
 
-def test_data_file_names_its_sources_and_what_was_not_copied():
+def test_data_file_names_its_sources_and_what_it_does_not_set():
     text = PRESETS_FILE.read_text()
-    for marker in ("docs.aws.amazon.com", "aws-ofi-nccl", "awsome-distributed-training", "deliberately NOT copied",
-                   "NCCL_PROTO=simple"):
+    for marker in ("doc/efa-env-var.md", "src/platform-aws.cpp", "aws-ofi-nccl.spec", "debian-template/rules",
+                   "awsome-distributed-training", "Deliberately NOT set"):
         assert marker in text
+    header = text.split("version: 2")[0]
+    for name in PLUGIN_SETS:  # each variable the preset no longer sets is explained
+        assert name in header, name
     data = load_presets()
+    assert set(discouraged()) >= {"NCCL_TUNER_PLUGIN", "FI_PROVIDER", "NCCL_BUFFSIZE"}
     for family, spec in data["families"].items():
         assert set(spec) <= {"efa", "all", "small", "large"}, family
-        # every value in the file is a comment-annotated string, not a YAML number that could lose digits
         for layer in ("all", "small", "large"):
             for value in ((spec.get(layer) or {}).get("env") or {}).values():
                 assert isinstance(value, str), (family, layer, value)

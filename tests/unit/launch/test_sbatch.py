@@ -191,3 +191,55 @@ def test_cli_dry_run_prints_the_script_and_touches_nothing(tmp_path):
     assert '#SBATCH --job-name="dry-a"' in res.output and '#SBATCH --job-name="dry-b"' in res.output
     assert f"--run-dir {tmp_path / 'fsx' / 'dry' / 'a'} --model a" in res.output
     assert not (tmp_path / "fsx").exists()
+
+
+def test_each_model_runs_on_the_plans_node_count_not_cluster_nodes():
+    """Issue 12 item 3: with plan.cluster_nodes, the planner's allocation is the job size (here 6 x 11 + 1 x 14)."""
+    models = [{"name": f"model-{i}", "model": {"layers": 24, "hidden": 2048, "heads": 16, "seq_len": 4096, "vocab": 32000},
+               "training": {"max_steps": 10, "micro_batch": 1, "global_batch": 1232, "precision": "bf16"},
+               "plan": {"tokens": 127_000_000_000 if i == 7 else 100_000_000_000}} for i in range(1, 8)]
+    p = validate_project({"name": "fleet", "cluster": {"backend": "slurm", "nodes": 11, "gpus_per_node": 8,
+                                                       "instance_type": "p5e.48xlarge"},
+                          "storage": {"root": "/fsx"}, "plan": {"cluster_nodes": 80, "assumed_mfu": 0.4}, "models": models})
+    text = render_script(build_request(p, p.models[6], Path("/fsx/fleet/model-7")))
+    assert "#SBATCH --nodes=14\n" in text and "srun --kill-on-bad-exit=1 --nodes=14 " in text
+    assert "#SBATCH --nodes=11\n" in render_script(build_request(p, p.models[0], Path("/fsx/fleet/model-1")))
+
+
+def test_every_script_waits_for_all_nodes_and_records_its_end():
+    text = render_script(build_request(project(), project().models[0], Path("/r")))
+    assert "#SBATCH --wait-all-nodes=1\n" in text
+    assert 'END_MARKER="$JOBS_DIR/$SLURM_JOB_ID.end"' in text and "record_end COMPLETED 0" in text
+    assert "trap on_term TERM" in text and "unset RANK WORLD_SIZE LOCAL_RANK" in text
+    term = render_script(build_request(project(), project().models[0], Path("/r"), launch=LaunchConfig(signal="TERM")))
+    assert "trap on_term TERM" not in term and "trap forward_stop TERM" in term
+
+
+def test_container_gets_the_rank_variables_by_name_and_keeps_its_library_path():
+    p = project(nodes=2, gpus_per_node=8, instance_type="p5e.48xlarge", container_image="/fsx/img.sqsh")
+    req = build_request(p, p.models[0], Path("/fsx/proj/m1"), launch=LaunchConfig(env={"MY_FLAG": "1"}))
+    argv = srun_command(req)
+    [env_arg] = [a for a in argv if a.startswith("--container-env=")]
+    names = env_arg.split("=", 1)[1].split(",")
+    assert names[:6] == ["MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_JOB_ID"]
+    assert {"NCCL_SOCKET_IFNAME", "NCCL_DEBUG", "MY_FLAG", "PYTHONUNBUFFERED"} <= set(names)
+    assert "LD_LIBRARY_PATH" not in names and "LD_LIBRARY_PATH" not in render_script(req)
+    assert argv.index(env_arg) < argv.index("python")
+    host = build_request(project(nodes=2, gpus_per_node=8, instance_type="p5e.48xlarge"), p.models[0], Path("/r"))
+    assert not any(a.startswith("--container") for a in srun_command(host))
+
+
+def test_python_comes_from_launch_python_and_library_dirs_from_aws_os():
+    from clustertrain.project import load_project
+
+    root = Path(__file__).resolve().parents[3]
+    p = load_project(root / "examples" / "p5e-80x7.yaml", ["launch.python=/fsx/data/envs/t/bin/python"])
+    text = render_script(build_request(p, p.models[0], Path("/fsx/checkpoints/p5e-80x7/model-1"), nodes=11))
+    assert "/fsx/data/envs/t/bin/python -m clustertrain train" in text and sys.executable not in text
+    assert "export LD_LIBRARY_PATH=/opt/amazon/efa/lib64:/opt/amazon/ofi-nccl/lib64" in text
+    for gone in ("NCCL_TUNER_PLUGIN", "FI_PROVIDER", "FI_EFA_USE_DEVICE_RDMA", "FI_EFA_FORK_SAFE", "NCCL_BUFFSIZE",
+                 "NCCL_P2P_NET_CHUNKSIZE", "x86_64-linux-gnu"):
+        assert gone not in text, gone
+    ubuntu = load_project(root / "examples" / "p5e-80x7.yaml", ["aws.os=ubuntu2204"])
+    text = render_script(build_request(ubuntu, ubuntu.models[0], Path("/fsx/checkpoints/x"), nodes=11))
+    assert "export LD_LIBRARY_PATH=/opt/amazon/efa/lib:/opt/amazon/ofi-nccl/lib\"" in text

@@ -55,3 +55,29 @@ def test_exit_code_of_a_signalled_job_is_128_plus_signal():
     assert to_job_status(JobState("5", "n", "FAILED", exit_code=0, signal=9)).exit_code == 137
     assert to_job_status(JobState("5", "n", "FAILED", exit_code=3, signal=0)).exit_code == 3
     assert to_job_status(JobState("5", "n", "RUNNING")).exit_code is None
+
+
+def test_end_marker_written_by_the_script_body_is_read_back(tmp_path):
+    """The very shell function the batch script uses writes the marker; read_end_marker parses it."""
+    import subprocess
+    from pathlib import Path
+
+    from clustertrain.launch.jobs import read_end_marker
+    from clustertrain.launch.sbatch import build_request, render_script
+    from clustertrain.project import validate_project
+
+    p = validate_project({"name": "p", "cluster": {"backend": "slurm", "nodes": 1, "procs_per_node": 1},
+                          "storage": {"root": str(tmp_path)}, "models": [{"name": "m", "model": {"layers": 1, "hidden": 8,
+                          "heads": 1, "seq_len": 8}, "training": {"max_steps": 1, "micro_batch": 1, "global_batch": 1}}]})
+    run = tmp_path / "run 'x'"
+    text = render_script(build_request(p, p.models[0], run))
+    start = text.index("JOBS_DIR=")
+    body = text[text.index("RUN_DIR="):text.index("\n", text.index("RUN_DIR="))] + "\nRESTARTS=2\n" + \
+        text[start:text.index("\n}\n", start) + 3] + "record_end TIMEOUT 143\n"
+    subprocess.run(["bash", "-c", body], check=True, env={"SLURM_JOB_ID": "77", "PATH": "/usr/bin:/bin"})
+    end = read_end_marker(RunPaths(run), "77")
+    assert (end.state, end.exit_code, end.restarts) == ("TIMEOUT", 143, 2) and end.ended > 1.7e9
+    assert [f.name for f in (run / "jobs").iterdir()] == ["77.end"]  # no temp file left behind
+    (run / "jobs" / "78.end").write_text("state=rm -rf /\n")
+    assert read_end_marker(RunPaths(run), "78") is None and read_end_marker(RunPaths(run), "79") is None
+    assert read_end_marker(RunPaths(Path("/nonexistent")), "1") is None

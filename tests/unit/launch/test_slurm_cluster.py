@@ -77,7 +77,8 @@ def test_hostile_state_dir_is_refused(tmp_path, name):
 
 @pytest.mark.parametrize("kwargs, field", [({"nodes": 0}, "nodes=0"), ({"cpus_per_node": 0}, "cpus_per_node=0"),
                                            ({"gpus_per_node": -1}, "gpus_per_node=-1"),
-                                           ({"min_job_age": 10}, "min_job_age=10"),
+                                           ({"min_job_age": 1}, "min_job_age=1"),
+                                           ({"jobcomp": "mysql"}, "jobcomp='mysql'"),
                                            ({"gpu_type": "h100 x"}, "gpu_type='h100 x'"),
                                            ({"partition": "a\nb"}, "partition=")])
 def test_bad_spec_is_refused(tmp_path, kwargs, field):
@@ -124,3 +125,10 @@ def test_cli_user_error_is_one_line_exit_2(tmp_path):
     assert result.exit_code == 2
     assert result.output.strip().count("\n") == 0 and "nodes=0" in result.output
     assert "Traceback" not in result.output
+
+
+def test_render_conf_like_parallelcluster_keeps_no_completion_log(tmp_path):
+    """ParallelCluster's slurm.conf: JobCompType=jobcomp/none, MinJobAge=300 — the local cluster can run the same."""
+    lines = LocalSlurmCluster(tmp_path, nodes=1, jobcomp="none", min_job_age=2).render_conf(1, [2]).splitlines()
+    assert "JobCompType=jobcomp/none" in lines and "MinJobAge=2" in lines
+    assert not any(line.startswith("JobCompLoc") for line in lines)

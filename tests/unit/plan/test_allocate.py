@@ -6,7 +6,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from clustertrain.plan.allocate import Hardware, ModelSpec, allocate, evaluate
+from clustertrain.plan.frameworks import BUILTIN, Framework
 from clustertrain.plan.shape import ModelShape
+
+#: a framework with every setting (what the FSDP2/TP issue adds); the hints only name what a framework has
+SHARDING = Framework("sharding", "a test framework", zero_stages=(0, 1, 2, 3), tp=(1, 2, 4, 8), pp=(1, 2, 4),
+                     weights=("bf16", "fp32"), recompute=("none", "selective", "full"), sequence_parallel=True,
+                     flash_attention=True)
 
 H200 = Hardware(gpus_per_node=8, gpu_memory_gib=140.4, peak_flops=989e12, headroom=0.10, framework_gib=3.0)
 H100 = replace(H200, gpu_memory_gib=79.6)
@@ -36,7 +42,7 @@ def test_world_size_and_global_batch_divisibility():
 
 
 def test_does_not_fit_says_by_how_much_and_what_to_try():
-    ev = evaluate(spec(shape=LARGE, zero_stage=0), H100, 112)
+    ev = evaluate(spec(shape=LARGE, zero_stage=0, framework=SHARDING), H100, 112)
     assert len(ev.reasons) == 1
     msg = ev.reasons[0]
     assert msg.startswith("does not fit: needs ") and "GiB per GPU (pipeline stage 0) but 71.6 GiB is usable (79.6 GiB less 10% headroom)" in msg
@@ -44,6 +50,15 @@ def test_does_not_fit_says_by_how_much_and_what_to_try():
     needed = float(msg.split("needs ")[1].split(" GiB")[0])
     assert needed * 1024**3 == round(ev.memory.total_bytes / 1024**3, 1) * 1024**3
     assert evaluate(spec(shape=LARGE, zero_stage=3, recompute="full"), H100, 112).ok
+
+
+def test_hints_offer_only_what_the_framework_implements():
+    msg = evaluate(spec(shape=LARGE, zero_stage=0, bf16_weights="fp32", framework=BUILTIN), H100, 112).reasons[0]
+    assert "zero_stage" not in msg and "tp 2" not in msg and "recompute" not in msg
+    assert ("the builtin framework has no ZeRO/FSDP sharding, tensor parallelism, pipeline parallelism or activation "
+            "recomputation: use a smaller model or GPUs with more memory") in msg
+    assert "a smaller micro_batch" in evaluate(spec(shape=LARGE, micro_batch=2, global_batch=224, zero_stage=0,
+                                                    framework=BUILTIN), H100, 112).reasons[0]
 
 
 def test_time_is_flops_over_gpus_peak_and_mfu():

@@ -10,6 +10,7 @@
 #SBATCH --error="/fsx/proj/logs/m1/%x-%j.out"
 #SBATCH --open-mode=append
 #SBATCH --requeue
+#SBATCH --wait-all-nodes=1
 #SBATCH --signal=B:USR2@120
 
 # No `set -e`: the script must survive a failed srun to decide between requeue and exit.
@@ -19,17 +20,25 @@ RUN_DIR=/fsx/proj/m1
 MAX_RESTARTS=5
 RESTARTS="${SLURM_RESTART_COUNT:-0}"
 
+# End marker: this job's final state in the run directory, for `clustertrain status` once Slurm has forgotten
+# the job (MinJobAge; ParallelCluster keeps no completion log). Format: clustertrain/launch/jobs.py.
+JOBS_DIR="$RUN_DIR/jobs"
+END_MARKER="$JOBS_DIR/$SLURM_JOB_ID.end"
+mkdir -p "$JOBS_DIR"
+rm -f "$END_MARKER"
+record_end() {
+    local tmp="$JOBS_DIR/.$SLURM_JOB_ID.end.$$"
+    printf 'version=1\nstate=%s\nexit_code=%s\nrestarts=%s\nended=%s\n' "$1" "$2" "$RESTARTS" "$(date +%s)" > "$tmp" \
+        && mv -f "$tmp" "$END_MARKER"
+}
+
 # Rank environment: NCCL/EFA preset p5 (large), then the project's launch.env.
-export FI_PROVIDER=efa
-export FI_EFA_USE_DEVICE_RDMA=1
-export FI_EFA_FORK_SAFE=1
 export NCCL_SOCKET_IFNAME='^docker,lo,veth'
-export NCCL_BUFFSIZE=8388608
-export NCCL_P2P_NET_CHUNKSIZE=524288
-export NCCL_TUNER_PLUGIN=/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu/libnccl-ofi-tuner.so
 export NCCL_DEBUG=WARN
-export LD_LIBRARY_PATH=/opt/amazon/efa/lib:/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu"${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PYTHONUNBUFFERED=1
+# Rank wiring: the ranks take rank/world from srun's SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID; torchrun-style
+# variables inherited from the submitting shell would override them.
+unset RANK WORLD_SIZE LOCAL_RANK
 
 # Rendezvous: the first node's NodeAddr (node names need not resolve), a port derived from the job id.
 first_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
@@ -48,6 +57,16 @@ forward_stop() {
     if [ -n "$srun_pid" ]; then kill -s USR2 "$srun_pid" 2>/dev/null || true; fi
 }
 trap forward_stop USR2
+# scancel and the time limit send SIGTERM (then SIGKILL after KillWait): record the end Slurm gives the job now.
+terminated=
+on_term() {
+    terminated=1
+    local state
+    state=$(scontrol show job "$SLURM_JOB_ID" -o 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p')
+    case "$state" in CANCELLED|TIMEOUT|PREEMPTED|NODE_FAIL|DEADLINE|FAILED) ;; *) state=CANCELLED ;; esac
+    record_end "$state" 143
+}
+trap on_term TERM
 
 srun --kill-on-bad-exit=1 --nodes=16 --ntasks-per-node=8 /opt/venv/bin/python -m clustertrain train --run-dir /fsx/proj/m1 --model m1 &
 srun_pid=$!
@@ -71,5 +90,8 @@ if [ -n "$stop_signal" ]; then
     else
         echo "clustertrain: stopped after $RESTARTS restarts (launch.max_restarts=$MAX_RESTARTS); resubmit to resume"
     fi
+fi
+if [ -z "$terminated" ]; then
+    if [ "$rc" -eq 0 ]; then record_end COMPLETED 0; else record_end FAILED "$rc"; fi
 fi
 exit "$rc"

@@ -1,0 +1,197 @@
+"""``launch_findings(project)``: the launch stage's part of ``clustertrain check`` (and of ``submit``).
+
+Checked for a project with ``cluster.backend: slurm`` (nothing else submits jobs):
+
+=====================================================  =======  ==============================================
+rule                                                   level    path
+=====================================================  =======  ==============================================
+the ranks' interpreter (no container image) is an      error    ``launch.python``
+absolute path, and in a project with an ``aws:``
+section on one of its shared file systems (every node
+must run the same one; a venv in the submitter's home
+is not on the compute nodes)
+a venv on a shared mount whose base interpreter is     warning  ``launch.python``
+off it (each node needs the same base interpreter)
+a container image given as a file is on a shared       error    ``cluster.container_image``
+file system
+a model's node count (``plan.nodes``, the plan's       error    ``models[i].plan.nodes`` / ``plan.cluster_nodes``
+allocation) or ``plan.cluster_nodes`` exceeds the
+queue's ``max_count``
+the time limit leaves no room: ``signal_grace_s`` >=   error    ``cluster.time_limit``
+the limit, or less than one step + a save remains
+the stop signal's grace does not cover one step +      error    ``launch.signal_grace_s``
+a checkpoint save (step time from the plan)
+periodic checkpoints never happen within one job       warning  ``models[i].training.checkpoint_every``
+checkpoints take over 10 % of the training time        warning  ``models[i].training.checkpoint_every``
+no time limit on a GPU project (the stop signal        warning  ``cluster.time_limit``
+cannot be planned)
+``launch.env`` sets a variable aws-ofi-nccl sets        warning  ``launch.env.NAME``
+itself or that harms (nccl_presets.yaml ``discouraged``)
+=====================================================  =======  ==============================================
+
+A checkpoint save is estimated as the model's fp32 weights and AdamW moments (12 bytes per parameter,
+what the built-in trainer writes) at :data:`SAVE_GBPS` (one writer), or the checkpoint file system's
+aggregate throughput when that is lower (``aws.fsx[].throughput`` x capacity). Stated, not measured.
+No network call, nothing written; user mistakes become error findings.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from clustertrain.errors import ClusterTrainError
+from clustertrain.findings import Finding
+from clustertrain.launch.config import LaunchConfig, launch_config_of
+from clustertrain.launch.presets import discouraged
+from clustertrain.layout import mount_of, off_mount_problems, storage_layout
+
+if TYPE_CHECKING:
+    from clustertrain.plan.plan import Plan
+    from clustertrain.project import Project
+
+#: assumed checkpoint write bandwidth of one writer (rank 0), GB/s
+SAVE_GBPS = 1.0
+CHECKPOINT_BYTES_PER_PARAM = 12  # fp32 weights + AdamW exp_avg + exp_avg_sq
+MAX_SAVE_SHARE = 0.10
+
+
+def launch_findings(project: "Project", plan: "Plan | None" = None, launch: LaunchConfig | None = None,
+                    models: list[str] | None = None) -> list[Finding]:
+    """Findings for ``project`` (rules in the module docstring); ``models``: only these models' rules."""
+    if project.cluster.backend != "slurm":
+        return []
+    launch = launch or launch_config_of(project)
+    out = interpreter_findings(project, launch)
+    out += env_findings(launch)
+    if plan is None:
+        try:
+            from clustertrain.plan.plan import make_plan
+
+            plan = make_plan(project)
+        except ClusterTrainError:
+            return out  # reported by the plan section
+    out += capacity_findings(project, plan, models)
+    out += time_findings(project, plan, launch, models)
+    return out
+
+
+def interpreter_findings(project: "Project", launch: LaunchConfig) -> list[Finding]:
+    image = project.cluster.container_image
+    if image:
+        if image.startswith(("/", "./", "../")) and project.aws is not None:
+            return [Finding("error", field, message, "put the image (.sqsh) on a shared file system, e.g. under /fsx")
+                    for field, message in off_mount_problems(project, extra={"cluster.container_image": image})
+                    if field == "cluster.container_image"]
+        return []
+    python = launch.python or sys.executable
+    source = "launch.python" if launch.python else f"the interpreter running clustertrain (sys.executable; launch.python unset)"
+    if not Path(python).is_absolute():
+        return [Finding("error", "launch.python", f"{python!r} is not an absolute path; every node must find the same "
+                        "interpreter", "give the interpreter's absolute path, e.g. /fsx/envs/train/bin/python")]
+    if project.aws is None:
+        return []
+    fix = ("set launch.python to an interpreter on a shared file system (e.g. a venv under "
+           f"{(storage_layout(project).mounts or ('/fsx',))[0]}/envs/) or set cluster.container_image")
+    out = [Finding("error", "launch.python", f"{source}: {message}", fix)
+           for field, message in off_mount_problems(project, extra={"launch.python": python}) if field == "launch.python"]
+    if not out and os.path.lexists(python):
+        target = os.path.realpath(python)
+        if mount_of(target, storage_layout(project).mounts) is None:
+            out.append(Finding("warning", "launch.python", f"{python} resolves to {target}, which is not on a shared file "
+                               "system: every node must have that same interpreter (a venv's base interpreter)",
+                               "use an interpreter installed on the shared file system, or a container image"))
+    return out
+
+
+def env_findings(launch: LaunchConfig) -> list[Finding]:
+    reasons = discouraged()
+    return [Finding("warning", f"launch.env.{name}", reasons[name],
+                    f"remove launch.env.{name} unless a measurement on your cluster shows it helps")
+            for name, value in launch.env.items() if value is not None and name in reasons]
+
+
+def capacity_findings(project: "Project", plan: "Plan", models: list[str] | None) -> list[Finding]:
+    aws, cluster = project.aws, project.cluster
+    if aws is None or cluster.partition is None:
+        return []
+    queue = next(((i, q) for i, q in enumerate(aws.queues) if q.name == cluster.partition), None)
+    if queue is None:
+        return []  # cluster.partition vs aws.queues: the cluster section's rule
+    i, q = queue
+    out = []
+    if project.plan.cluster_nodes is not None and project.plan.cluster_nodes > q.max_count:
+        out.append(Finding("error", "plan.cluster_nodes", f"{project.plan.cluster_nodes} nodes, but aws.queues[{i}] "
+                           f"({q.name}) launches at most {q.max_count}", f"lower plan.cluster_nodes or raise aws.queues[{i}].max_count"))
+    from clustertrain.plan.nodes import nodes_for
+
+    for index, entry in enumerate(project.models):
+        if models is not None and entry.name not in models:
+            continue
+        nodes = nodes_for(project, plan)[entry.name]
+        if nodes > q.max_count:
+            field = f"models[{index}].plan.nodes" if entry.plan.nodes else ("plan.cluster_nodes" if project.plan.cluster_nodes
+                                                                             else "cluster.nodes")
+            out.append(Finding("error", field, f"{entry.name} runs on {nodes} nodes, but aws.queues[{i}] ({q.name}) "
+                               f"launches at most {q.max_count}", f"lower {field} or raise aws.queues[{i}].max_count"))
+    return out
+
+
+def save_seconds(project: "Project", params: int) -> tuple[float, str]:
+    """(estimated seconds to write one checkpoint, how it was estimated)."""
+    gbps, how = SAVE_GBPS, f"{SAVE_GBPS:g} GB/s for one writer (assumed)"
+    aws = project.aws
+    if aws is not None:
+        for f in aws.fsx:
+            if "checkpoints" in f.holds and f.throughput:
+                aggregate = f.throughput * f.capacity_gb / 1024 / 1000  # MB/s per TiB x TiB -> GB/s
+                if aggregate < gbps:
+                    gbps, how = aggregate, f"{aggregate:.2f} GB/s, the throughput of {f.name}"
+    return params * CHECKPOINT_BYTES_PER_PARAM / (gbps * 1e9), how
+
+
+def time_findings(project: "Project", plan: "Plan", launch: LaunchConfig, models: list[str] | None) -> list[Finding]:
+    limit = project.cluster.time_limit_seconds
+    grace = launch.signal_grace_s
+    out: list[Finding] = []
+    if limit is not None and limit <= grace:
+        return [Finding("error", "cluster.time_limit", f"{project.cluster.time_limit} is not longer than "
+                        f"launch.signal_grace_s ({grace} s): the stop signal would come as the job starts",
+                        "raise cluster.time_limit or lower launch.signal_grace_s")]
+    timed = False
+    for index, entry in enumerate(project.models):
+        m = plan.model(entry.name)
+        if (models is not None and entry.name not in models) or m.step_time_s is None:
+            continue
+        timed = True
+        step = m.step_time_s
+        save, how = save_seconds(project, m.params)
+        need = step + save
+        where = f"{entry.name}: one step ({step:.1f} s, the plan's estimate) + a checkpoint save ({save:.0f} s at {how})"
+        if grace < need:
+            out.append(Finding("error", "launch.signal_grace_s", f"{grace} s is less than {where}: the job is killed "
+                               "before its stop checkpoint is written", f"set launch.signal_grace_s to at least {int(need * 1.5) + 1}"))
+        if limit is not None and limit - grace < need:
+            out.append(Finding("error", "cluster.time_limit", f"{project.cluster.time_limit} less the {grace} s grace leaves "
+                               f"less than {where}", "raise cluster.time_limit"))
+            continue
+        interval = entry.training.checkpoint_every * step
+        if limit is not None and interval > limit - grace:
+            out.append(Finding("warning", f"models[{index}].training.checkpoint_every",
+                               f"{entry.name}: every {entry.training.checkpoint_every} steps is {interval / 3600:.1f} h at the "
+                               f"plan's step time, longer than one job ({project.cluster.time_limit} less the grace): only "
+                               "the stop signal's checkpoint saves progress, a crash loses the whole job",
+                               f"lower checkpoint_every to at most {max(1, int((limit - grace) / step / 2))}"))
+        elif save / (interval + save) > MAX_SAVE_SHARE:
+            out.append(Finding("warning", f"models[{index}].training.checkpoint_every",
+                               f"{entry.name}: a checkpoint every {entry.training.checkpoint_every} steps "
+                               f"({interval:.0f} s) takes {save:.0f} s to write ({how}): "
+                               f"{save / (interval + save):.0%} of the time goes to saving",
+                               f"raise checkpoint_every to at least {int(save / MAX_SAVE_SHARE / step) + 1}"))
+    if timed and limit is None:
+        out.append(Finding("warning", "cluster.time_limit", "not set: the partition's limit applies, so when (and whether) "
+                           "the stop signal comes cannot be checked against the step and checkpoint times",
+                           "set cluster.time_limit, e.g. \"48:00:00\""))
+    return out

@@ -9,8 +9,8 @@ datasets        ``storage.datasets``  prepared datasets (content-addressed, shar
                                       ``<datasets>/<name>-<hash>/``
 checkpoints     ``storage.runs``      run directories ``<runs>/<project>/<model>/`` (config, run.json,
                                       checkpoints, metrics, status, job records)
-logs            ``storage.logs``      Slurm output ``<logs>/<project>/<model>/<job>-<id>.out``
-tensorboard     ``storage.tensorboard`` TensorBoard events ``<tensorboard>/<project>/<model>/``
+logs            ``storage.logs``      Slurm output ``<logs>/<project>/logs/<model>/<job>-<id>.out``
+tensorboard     ``storage.tensorboard`` TensorBoard events ``<tensorboard>/<project>/tensorboard/<model>/``
 outputs         ``storage.outputs``   validation suites and storage benchmarks
                                       ``<outputs>/<project>/validation/<time>/``
 ==============  ====================  ==============================================================
@@ -18,9 +18,9 @@ outputs         ``storage.outputs``   validation suites and storage benchmarks
 A base is the field when it is set; otherwise, in a project with an ``aws:`` section, the mount
 directory of the shared file system whose ``holds`` names the kind (``aws.fsx[].holds``; kinds no
 file system names go to the first one, see :meth:`AwsConfig.layout`); otherwise derived from
-``storage.root`` (``<root>/datasets``, ``<root>`` for runs, ``<root>`` for logs with a ``logs/`` level
-kept inside the project directory: ``<root>/<project>/logs/<model>/``; TensorBoard inside the run
-directory; ``<root>`` for outputs).
+``storage.root`` (``<root>/datasets``; ``<root>`` for runs, logs and outputs; TensorBoard inside the
+run directory). Kinds may share a base: the ``logs``, ``tensorboard`` and ``validation`` levels keep
+them apart, and model names may not be one of :data:`RESERVED_MODEL_NAMES`.
 
 On a cluster every one of these must be on a shared file system of the ``aws:`` section (an
 ``aws.fsx`` or ``aws.ebs`` mount): the batch node, every rank and the head node must see the same
@@ -39,6 +39,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from clustertrain.project import Project
 
+#: directory names a model's run directory could collide with when several kinds share one base
+RESERVED_MODEL_NAMES = ("logs", "tensorboard", "validation", "datasets", "previous")
 KINDS = ("datasets", "checkpoints", "logs", "tensorboard", "outputs")
 #: project-file field that overrides each kind's base
 FIELDS = {"datasets": "storage.datasets", "checkpoints": "storage.runs", "logs": "storage.logs",
@@ -62,13 +64,11 @@ class StorageLayout:
         return self.runs / self.project / model
 
     def log_dir(self, model: str) -> Path:
-        if self.origin["logs"] == "storage.root":
-            return self.logs / self.project / "logs" / model
-        return self.logs / self.project / model
+        return self.logs / self.project / "logs" / model
 
     def tensorboard_dir(self, model: str) -> Path | None:
         """Where rank 0 writes TensorBoard events; None = ``RUN_DIR/tensorboard``."""
-        return None if self.tensorboard is None else self.tensorboard / self.project / model
+        return None if self.tensorboard is None else self.tensorboard / self.project / "tensorboard" / model
 
     def validation_dir(self) -> Path:
         return self.outputs / self.project / "validation"

@@ -21,8 +21,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from clustertrain.cloud.config import AwsConfig
 from clustertrain.errors import ConfigError
 from clustertrain.launch.config import LaunchConfig
+from clustertrain.layout import RESERVED_MODEL_NAMES
 from clustertrain.plan.config import ModelPlanConfig, PlanConfig
 
+#: prefixes below aws.buckets.checkpoints / aws.buckets.data that runs write by default
+CHECKPOINT_PREFIX = "checkpoints"
+DATASET_PREFIX = "datasets"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
@@ -231,6 +235,11 @@ class TrainingConfig(StrictModel):
     grad_clip: float = Field(1.0, ge=0, description="Clip the global gradient norm to this (0 = off).")
     seed: int = Field(1234, ge=0, description="Seed for initialisation, data order and dropout.")
     checkpoint_every: int = Field(100, ge=1, description="Save a checkpoint every N steps (and always at the end).")
+    backup_every: int | None = Field(
+        None, ge=1, description="Back up every Nth checkpoint (steps that are multiples of N x checkpoint_every) to "
+        "storage.checkpoint_bucket in the background while training goes on; the last checkpoint of a run is always backed up. "
+        "Unset: only that last one.",
+    )
     keep_last: int = Field(3, ge=1, description="Checkpoints kept; older ones are deleted after a successful save.")
     log_every: int = Field(10, ge=1, description="Log metrics every N steps.")
     precision: Literal["auto", "fp32", "bf16"] = Field(
@@ -283,6 +292,9 @@ class ModelEntry(StrictModel):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
+        if v in RESERVED_MODEL_NAMES:
+            raise ValueError(f"model name {v!r} is reserved (a directory of the storage layout beside the run directories: "
+                             f"{', '.join(RESERVED_MODEL_NAMES)}); rename the model")
         return _check_name(v, "model name")
 
 
@@ -301,20 +313,37 @@ class Project(StrictModel):
         return _check_name(v, "project name")
 
     @model_validator(mode="after")
+    def _derive_storage(self) -> "Project":
+        """The buckets and region of the aws: section are where runs back up and publish by default
+        (prefixes ``checkpoints/`` and ``datasets/``: the only ones the generated storage policy lets nodes write)."""
+        aws, storage = self.aws, self.storage
+        if aws is not None:
+            if storage.checkpoint_bucket is None and aws.buckets.checkpoints:
+                storage.checkpoint_bucket = f"s3://{aws.buckets.checkpoints}/{CHECKPOINT_PREFIX}"
+            if storage.data_bucket is None and aws.buckets.data:
+                storage.data_bucket = f"s3://{aws.buckets.data}/{DATASET_PREFIX}"
+            if storage.region is None:
+                storage.region = aws.region
+        return self
+
+    @model_validator(mode="after")
     def _check(self) -> "Project":
         seen: set[str] = set()
         for i, m in enumerate(self.models):
             if m.name in seen:
                 raise ValueError(f"models[{i}].name {m.name!r} is used twice; model names must be unique")
             seen.add(m.name)
-            world = self.cluster.world_size
+            if self.plan.cluster_nodes is not None:
+                continue  # models share the cluster: the planner allocates (or checks a pinned plan.nodes) and reports
+            nodes = m.plan.nodes or self.cluster.nodes
+            world = nodes * self.cluster.ranks_per_node
             p = m.parallelism
             if world % (p.tp * p.pp):
                 raise ValueError(f"models[{i}]: world size {world} is not divisible by tp x pp = {p.tp * p.pp}")
             dp = world // (p.tp * p.pp)
             if p.dp != "auto" and p.dp != dp:
                 raise ValueError(
-                    f"models[{i}].parallelism.dp={p.dp} but {self.cluster.nodes} node(s) x {self.cluster.ranks_per_node} ranks give dp={dp}; set dp: auto"
+                    f"models[{i}].parallelism.dp={p.dp} but {nodes} node(s) x {self.cluster.ranks_per_node} ranks give dp={dp}; set dp: auto"
                 )
             t = m.training
             if t.global_batch % (t.micro_batch * dp):
@@ -332,7 +361,9 @@ class Project(StrictModel):
         raise ConfigError(f"no model named {name!r} in project {self.name!r}; models: {', '.join(m.name for m in self.models)}")
 
     def dp_size(self, entry: ModelEntry) -> int:
-        return self.cluster.world_size // (entry.parallelism.tp * entry.parallelism.pp)
+        """Data-parallel ranks of ``entry`` on its pinned node count (models[].plan.nodes) or cluster.nodes."""
+        nodes = entry.plan.nodes or self.cluster.nodes
+        return nodes * self.cluster.ranks_per_node // (entry.parallelism.tp * entry.parallelism.pp)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -356,12 +387,6 @@ def load_project(path: str | Path, overrides: list[str] | None = None) -> Projec
         value = getattr(storage, key)
         if value is not None and not value.is_absolute():
             setattr(storage, key, (base / value).resolve())
-    if storage.checkpoint_bucket is None and project.aws is not None and project.aws.buckets.checkpoints:
-        storage.checkpoint_bucket = f"s3://{project.aws.buckets.checkpoints}/checkpoints"
-    if storage.data_bucket is None and project.aws is not None and project.aws.buckets.data:
-        storage.data_bucket = f"s3://{project.aws.buckets.data}/datasets"
-    if storage.region is None and project.aws is not None:
-        storage.region = project.aws.region
     for m in project.models:
         src = m.data.source
         if not src.startswith(("builtin:", "s3://")) and not Path(src).is_absolute():

@@ -10,6 +10,7 @@ import traceback
 
 import typer
 
+from clustertrain.cli import check as check_cli
 from clustertrain.cli import cluster as cluster_cli
 from clustertrain.cli import config as config_cli
 from clustertrain.cli import data as data_cli
@@ -33,6 +34,7 @@ app = typer.Typer(
 run_cli.register(app)
 jobs_cli.register(app)
 app.command("plan")(plan_cli.plan_command)
+app.command("check")(check_cli.check_command)
 app.add_typer(config_cli.app, name="config")
 app.add_typer(data_cli.app, name="data")
 app.add_typer(cluster_cli.app, name="cluster")

@@ -31,8 +31,12 @@ def config_cmd(
     no_schema: bool = NoSchemaOpt,
 ) -> None:
     """Write the ParallelCluster 3 config; nothing is written when it does not validate."""
+    from clustertrain.check import require_clean
+
     with _user_errors():
-        report = generate_cluster_config(load_project(project_file, set_), output, use_schema=not no_schema)
+        project = load_project(project_file, set_)
+        require_clean(project, "cluster config")
+        report = generate_cluster_config(project, output, use_schema=not no_schema)
     for f in report.warnings:
         typer.echo(str(f), err=True)
     if report.schema_note:

@@ -49,9 +49,11 @@ def submit(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the batch script(s) and exit; submits nothing."),
 ) -> None:
     """Submit one Slurm batch job per model; return as soon as they are queued and print the job ids."""
+    from clustertrain.check import require_clean
     from clustertrain.launch.slurm import SlurmLauncher, submit_project
 
     project = load_project(project_file, set_)
+    require_clean(project, "submit", [model] if model else None)  # the whole preflight, also before a dry run
     command = shlex.join(["clustertrain", "submit", *sys.argv[2:]]) if len(sys.argv) > 1 else "clustertrain submit"
     launcher = SlurmLauncher(submit_command=command)
     for s in submit_project(project, model, run_dir, resume=not no_resume, launcher=launcher, dry_run=dry_run):

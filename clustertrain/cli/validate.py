@@ -151,6 +151,7 @@ def suite(
     inject_fault: Annotated[str | None, typer.Option(hidden=True, help="Rehearsal only: collectives fault, e.g. absent:1.")] = None,
 ) -> None:
     """Run smoke, GPU/EFA, collectives and storage checks as Slurm jobs; one report; exit 1 when a check fails."""
+    from clustertrain.check import require_clean
     from clustertrain.launch.slurm import SlurmLauncher
     from clustertrain.project import load_project
     from clustertrain.validate import CollectivesConfig, StorageBenchConfig, ValidateError, parse_size
@@ -158,7 +159,8 @@ def suite(
 
     with user_errors():
         project = load_project(project_file, set_ or [])
-        # ---- `clustertrain check` goes here (lead): refuse on its errors before anything is planned or submitted.
+        if not dry_run:  # the preflight first: nothing is planned, written or submitted for a project it refuses
+            require_clean(project, "validate suite")
         if engine not in ("auto", "fio", "python"):
             raise ValidateError(f"--engine {engine!r} is unknown; valid engines are: auto, fio, python")
         table = s.load_thresholds(thresholds)
@@ -187,6 +189,7 @@ def suite(
                 typer.echo(f"# ---- {job.name}: {paths.script(job.name)}\n{s.render_job(job, paths)}")
             for name in skipped:
                 typer.echo(f"# ---- {name}: not applicable: gpus_per_node={project.cluster.gpus_per_node}")
+            require_clean(project, "validate suite")  # a dry run shows the scripts, then whether they would be refused
             raise typer.Exit(0)
         report = s.run_suite(project, cfg, launcher, thresholds=table)
     if json_out:

@@ -173,8 +173,8 @@ def storage_policy_document(project: "Project", partition: str = "${AWS::Partiti
         base = f"arn:{partition}:s3:::{bucket}"
         return base if prefix is None else f"{base}/{prefix + '/' if prefix else ''}*"
 
-    ckpt_uri = project.storage.checkpoint_bucket or f"s3://{ckpt}/checkpoints"
-    publish_uri = project.storage.data_bucket or f"s3://{data}/datasets"
+    # both set: the project derives them from aws.buckets (Project._derive_storage) when the file does not
+    ckpt_uri, publish_uri = project.storage.checkpoint_bucket, project.storage.data_bucket
     writable = [(bucket_of(ckpt_uri) or ckpt, prefix_of(ckpt_uri)), (bucket_of(publish_uri) or data, prefix_of(publish_uri))]
     scripts = scripts_uri(project)
     buckets = list(dict.fromkeys([data, ckpt] + [b for b, _ in writable]))

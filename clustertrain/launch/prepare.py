@@ -15,6 +15,7 @@ from pathlib import Path
 from clustertrain import __version__
 from clustertrain.data import load_tokenizer
 from clustertrain.data.sample_index import GPTSamples
+from clustertrain.data.vocab import check_vocab
 from clustertrain.data.staging import dataset_tokens, stage_dataset
 from clustertrain.errors import ConfigError, DataError
 from clustertrain.layout import storage_layout
@@ -50,11 +51,9 @@ def prepare_run(project: Project, entry: ModelEntry, run_dir: Path, resume: bool
     paths = RunPaths(Path(run_dir))
     fingerprint = architecture_fingerprint(project, entry)
     tokenizer = load_tokenizer(entry.data.tokenizer)
-    if entry.model.vocab is not None and entry.model.vocab < tokenizer.vocab_size:
-        raise ConfigError(
-            f"models.{entry.name}.model.vocab ({entry.model.vocab}) is smaller than the tokenizer's vocabulary "
-            f"({tokenizer.vocab_size}); raise it or leave it unset"
-        )
+    problem = check_vocab(entry, tokenizer.vocab_size)
+    if problem is not None:
+        raise ConfigError(problem)
     previous = read_json(paths.run_json)
     if resume:
         check_ownership(paths.checkpoints, fingerprint, project.name, entry.name)

@@ -243,7 +243,8 @@ def plan_suite(project: Project, cfg: SuiteConfig, paths: SuitePaths,
         args = ["bash", "-c", wrapper, m.group(1), *args]
     elif c.fault:
         args += ["--fault", c.fault]
-    env = rank_environment(cl.instance_type, n, launch)
+    env = rank_environment(cl.instance_type, n, launch, os=project.aws.os if project.aws else None,
+                           container=bool(cl.container_image))
     if not cl.gpus_per_node:
         env = RankEnvironment({**env.set, "OMP_NUM_THREADS": env.set.get("OMP_NUM_THREADS", "1")}, env.prepend,
                               env.family, env.scale, env.efa)

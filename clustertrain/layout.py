@@ -168,13 +168,20 @@ def off_mount_problems(project: "Project", extra: dict[str, str | Path | None] |
 
 
 def project_dirs(project: "Project") -> list[str]:
-    """Every directory the project's jobs write into, parents first: what ``setup-dirs.sh`` creates."""
+    """Every directory the project's jobs write into, each with its parents below the file system's mount,
+    parents first: what ``setup-dirs.sh`` creates (so each gets the owner and mode, not just the leaves)."""
     layout = storage_layout(project)
-    dirs: list[Path] = [layout.datasets, layout.runs / project.name, layout.outputs / project.name,
-                        layout.validation_dir()]
+    leaves: list[Path] = [layout.datasets, layout.validation_dir()]
     for m in project.models:
-        dirs += [layout.run_dir(m.name), layout.log_dir(m.name).parent, layout.log_dir(m.name)]
+        leaves += [layout.run_dir(m.name), layout.log_dir(m.name)]
         tb = layout.tensorboard_dir(m.name)
         if tb is not None:
-            dirs += [tb.parent, tb]
-    return [str(d) for d in dict.fromkeys(dirs)]
+            leaves.append(tb)
+    dirs: list[Path] = []
+    for leaf in leaves:
+        top = mount_of(leaf, layout.mounts)
+        chain = [leaf, *leaf.parents]
+        for d in reversed(chain[: chain.index(Path(top))] if top else [leaf]):
+            if d not in dirs:
+                dirs.append(d)
+    return [str(d) for d in dirs]

@@ -138,18 +138,18 @@ class StorageConfig(StrictModel):
     )
     datasets: Path | None = Field(
         None, description="Where prepared datasets are cached. Default: `<mount>/datasets` of the `aws.fsx` file system that "
-        "holds `datasets`, else `<root>/datasets`. On a cluster it must be on a shared file system (see docs/storage.md, layout).",
+        "holds `datasets`, else `<root>/datasets`. On a cluster it must be on a shared file system (see docs/walkthrough.md).",
     )
     runs: Path | None = Field(
         None, description="Base of the run directories `<runs>/<project>/<model>/` (config, checkpoints, metrics, job records). "
         "Default: the mount of the `aws.fsx` file system that holds `checkpoints`, else `root`.",
     )
     logs: Path | None = Field(
-        None, description="Base of the Slurm output files `<logs>/<project>/<model>/<job>-<id>.out`. Default: the mount of the "
-        "`aws.fsx` file system that holds `logs`, else `<root>/<project>/logs/<model>/`.",
+        None, description="Base of the Slurm output files `<logs>/<project>/logs/<model>/<job>-<id>.out`. Default: the mount of "
+        "the `aws.fsx` file system that holds `logs`, else `root`.",
     )
     tensorboard: Path | None = Field(
-        None, description="Base of the TensorBoard event directories `<tensorboard>/<project>/<model>/`. Default: the mount of "
+        None, description="Base of the TensorBoard event directories `<tensorboard>/<project>/tensorboard/<model>/`. Default: the mount of "
         "the `aws.fsx` file system that holds `tensorboard`, else `tensorboard/` inside each run directory.",
     )
     outputs: Path | None = Field(

@@ -1,15 +1,19 @@
-"""The run directory: every path a run reads or writes, named in one place.
+"""The run directory: every path a run reads or writes, named in one place. Where the run directory
+itself lives (and the Slurm output and TensorBoard directories when the project puts them elsewhere)
+is :mod:`clustertrain.layout`'s rule.
 
     RUN_DIR/
       run.json              identity: project, model, architecture fingerprint, dataset, created (written by the launcher)
       config.yaml           the resolved project file the ranks read (defaults filled in, overrides applied)
       metrics.jsonl         one JSON object per logged step (see clustertrain.train.metrics)
-      tensorboard/          TensorBoard event files (rank 0)
+      tensorboard/          TensorBoard event files (rank 0), unless storage.tensorboard / aws.fsx[].holds puts them elsewhere
       logs/rank<R>.log      stdout+stderr of each local rank (local backend)
       checkpoints/          step_<8 digits>/ (DCP shards + meta.json) and the `latest` pointer
-      status.json           how the last run of the ranks ended: completed | stopped, step, checkpoint
+      status.json           how the last run of the ranks ended: completed | stopped, step, checkpoint, and the
+                            checkpoint backups (backup, backup_state, backup_error, backups; clustertrain.train.backup)
       jobs.jsonl            one record per submitted Slurm job (Slurm backend; see clustertrain.launch.jobs)
-      jobs/                 the batch script of each submission, kept as submitted
+      jobs/                 the batch script of each submission, kept as submitted, and <job id>.end: the state the
+                            batch script recorded when the job ended (clustertrain.launch.jobs)
 """
 
 from __future__ import annotations

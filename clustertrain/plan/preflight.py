@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 
 #: reason prefix -> the field (relative to models[i]) that it is about
 _REASON_FIELDS = (
-    ("does not fit", "model", "as the reason says; `clustertrain plan PROJECT` shows the memory per GPU"),
+    ("does not fit", "model", "shrink the model (model.layers/hidden) or micro_batch, use GPUs with more memory, or a "
+                              "framework that shards or splits the model; `clustertrain plan PROJECT` shows the memory per GPU"),
     ("global_batch", "training.global_batch", "make global_batch a multiple of micro_batch x dp for the planned node count"),
     ("world size", "plan.tp", "choose tp x pp that divides the GPUs of the planned node count"),
     ("tp=", "plan.tp", "choose a tp that divides heads and ffn_dim"),

@@ -16,24 +16,19 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from clustertrain.cloud.config import AwsConfig
 from clustertrain.errors import ConfigError
 from clustertrain.launch.config import LaunchConfig
 from clustertrain.layout import RESERVED_MODEL_NAMES
 from clustertrain.plan.config import ModelPlanConfig, PlanConfig
+from clustertrain.schema import StrictModel, format_validation_error, read_yaml
 
 #: prefixes below aws.buckets.checkpoints / aws.buckets.data that runs write by default
 CHECKPOINT_PREFIX = "checkpoints"
 DATASET_PREFIX = "datasets"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-
-
-class StrictModel(BaseModel):
-    """User input: unknown keys are errors."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 _SLURM_TIME_RE = re.compile(r"^(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)$")
@@ -380,7 +375,7 @@ def load_project(path: str | Path, overrides: list[str] | None = None) -> Projec
         raise ConfigError(f"{path}: the project file must be a YAML mapping with keys name, cluster, storage, models")
     for item in overrides or []:
         apply_override(raw, item)
-    project = validate_project(raw, source=str(path))
+    project = validate_project(raw, source=str(path), path=path)
     base = path.resolve().parent
     storage = project.storage
     for key in ("root", "datasets", "runs", "logs", "tensorboard", "outputs"):
@@ -396,24 +391,12 @@ def load_project(path: str | Path, overrides: list[str] | None = None) -> Projec
     return project
 
 
-def read_yaml(path: Path) -> Any:
-    """Parse a user's YAML file; syntax and encoding errors become one line naming file:line:column."""
-    try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"{path}{where}: YAML syntax error: {problem}; fix the YAML at that position") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not UTF-8 text; save it as UTF-8") from None
-
-
-def validate_project(raw: dict[str, Any], source: str = "project") -> Project:
+def validate_project(raw: dict[str, Any], source: str = "project", path: Path | None = None) -> Project:
+    """Validate a raw mapping; with ``path`` the one-line error names the key's line in that file."""
     try:
         return Project.model_validate(raw)
     except ValidationError as e:
-        raise ConfigError(format_validation_error(e, source)) from None
+        raise ConfigError(format_validation_error(e, source, Project, path)) from None
 
 
 def apply_override(raw: dict[str, Any], item: str) -> None:
@@ -459,49 +442,6 @@ def _list_index(node: list, part: str) -> int | None:
         if isinstance(m, dict) and m.get("name") == part:
             return i
     return None
-
-
-def _loc_str(loc: tuple) -> str:
-    out = ""
-    for p in loc:
-        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
-    return out
-
-
-def _model_at(loc: tuple) -> type[BaseModel] | None:
-    """The pydantic model class whose field set contains the last element of loc."""
-    cls: Any = Project
-    for p in loc[:-1]:
-        if isinstance(p, int):
-            continue
-        if not (isinstance(cls, type) and issubclass(cls, BaseModel)) or p not in cls.model_fields:
-            return None
-        ann = cls.model_fields[p].annotation
-        args = getattr(ann, "__args__", ())
-        cls = args[0] if args and isinstance(args[0], type) and issubclass(args[0], BaseModel) else ann
-    return cls if isinstance(cls, type) and issubclass(cls, BaseModel) else None
-
-
-def format_validation_error(err: ValidationError, source: str) -> str:
-    errors = err.errors()
-    first = errors[0]
-    loc = tuple(first["loc"])
-    where = _loc_str(loc)
-    if first["type"] == "extra_forbidden":
-        owner = _model_at(loc)
-        valid = ", ".join(owner.model_fields) if owner else "see docs/project-file.md"
-        msg = f"{source}: {where}: unknown key; valid keys here: {valid}"
-    elif first["type"] == "missing":
-        msg = f"{source}: {where}: required key is missing; add it (see docs/project-file.md)"
-    else:
-        text = first["msg"]
-        text = text.removeprefix("Value error, ")
-        got = first.get("input")
-        shown = "" if isinstance(got, (dict, list)) or got is None or first["type"].startswith("value_error") else f" (got {got!r})"
-        msg = f"{source}: {where}: {text}{shown}" if where else f"{source}: {text}{shown}"
-    if len(errors) > 1:
-        msg += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
-    return msg
 
 
 # ---------------------------------------------------------------------------------------------

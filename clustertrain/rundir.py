@@ -12,6 +12,7 @@ is :mod:`clustertrain.layout`'s rule.
       status.json           how the last run of the ranks ended: completed | stopped, step, checkpoint, and the
                             checkpoint backups (backup, backup_state, backup_error, backups; clustertrain.train.backup)
       jobs.jsonl            one record per submitted Slurm job (Slurm backend; see clustertrain.launch.jobs)
+      COMPLETED             empty marker: training reached its last step (written last, removed when a run starts)
       jobs/                 the batch script of each submission, kept as submitted, and <job id>.end: the state the
                             batch script recorded when the job ended (clustertrain.launch.jobs)
 """
@@ -65,17 +66,27 @@ class RunPaths:
     def jobs(self) -> Path:
         return self.root / "jobs.jsonl"
 
+    @property
+    def completed(self) -> Path:
+        """Empty marker file: present exactly when training reached its last step (the batch script
+        tests ``[ -e "$RUN_DIR/COMPLETED" ]`` to decide whether to requeue)."""
+        return self.root / "COMPLETED"
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to a temp file beside ``path``, fsync, and rename it into place."""
+
+def write_atomic(path: Path, data: str | bytes, mode: int | None = None) -> None:
+    """Write ``data`` (text as UTF-8, or bytes) to a temp file beside ``path``, fsync, rename it into
+    place and fsync the directory: readers see the old file or the whole new one, never a part.
+    ``mode`` sets the permission bits (default: 0o666 less the umask, like ``open``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        if mode is None:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -1,26 +1,25 @@
-"""Instance facts for configuration checks: EFA support, NVIDIA GPUs, vCPUs, local NVMe, regions.
+"""The cloud stage's view of the instance catalog: what configuration checks need (vCPUs, NVIDIA GPUs,
+EFA support, local NVMe, where a type is offered, the AWS region names).
 
-The data lives in ``instances.yaml`` beside this module (its format is documented at its top).
+The facts live in ``clustertrain/plan/instances.yaml`` (format: :mod:`clustertrain.plan.catalog`);
+this module holds none of its own. A compute type not in the catalog is rejected for queues.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
-import yaml
+from clustertrain.plan.catalog import CATALOG_PATH, INSTANCE_TYPE_RE, CatalogFile, read_catalog
 
-INSTANCES_FILE = Path(__file__).with_name("instances.yaml")
-INSTANCE_TYPE_RE = re.compile(r"^[a-z][a-z0-9-]*\.(nano|micro|small|medium|large|xlarge|\d+xlarge|metal(-\d+xl)?)$")
+__all__ = ["CATALOG_PATH", "INSTANCE_TYPE_RE", "InstanceCatalog", "InstanceFacts", "cloud_view", "load_catalog"]
 
 
 @dataclass(frozen=True)
 class InstanceFacts:
     name: str
     vcpus: int
-    memory_gib: int
+    memory_gib: float
     gpus: int
     gpu: str | None
     efa: bool
@@ -49,20 +48,17 @@ class InstanceCatalog:
         return same or sorted(n for n in self.instances if self.instances[n].gpus)
 
 
-def parse_catalog(raw: dict) -> InstanceCatalog:
-    if not isinstance(raw, dict) or raw.get("version") != 1:
-        raise ValueError("instance catalog: expected a mapping with version: 1")
-    instances = {}
-    for name, v in raw["instances"].items():
-        regions = v.get("regions")
-        instances[name] = InstanceFacts(
-            name=name, vcpus=int(v["vcpus"]), memory_gib=int(v["memory_gib"]), gpus=int(v["gpus"]), gpu=v.get("gpu"),
-            efa=bool(v["efa"]), nvme_gb=int(v.get("nvme_gb", 0)), regions=tuple(regions) if regions is not None else None,
-        )
-    return InstanceCatalog(instances=instances, regions=tuple(raw["regions"]))
+def cloud_view(catalog: CatalogFile) -> InstanceCatalog:
+    """The facts configuration checks use, for every type in ``catalog``."""
+    instances = {
+        name: InstanceFacts(name=name, vcpus=i.vcpus, memory_gib=i.memory_gib, gpus=i.gpus, gpu=i.gpu, efa=i.efa,
+                            nvme_gb=i.nvme_gb, regions=tuple(i.regions) if i.regions is not None else None)
+        for name, i in catalog.instances.items()
+    }
+    return InstanceCatalog(instances=instances, regions=tuple(catalog.regions))
 
 
 @lru_cache(maxsize=1)
 def load_catalog() -> InstanceCatalog:
-    """The bundled catalog (read once)."""
-    return parse_catalog(yaml.safe_load(INSTANCES_FILE.read_text(encoding="utf-8")))
+    """The bundled catalog's cloud view (read once)."""
+    return cloud_view(read_catalog(CATALOG_PATH))

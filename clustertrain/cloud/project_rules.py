@@ -105,7 +105,7 @@ def project_findings(project: "Project", catalog: InstanceCatalog | None = None)
         where = f"aws.queues[{i}].instance_type"
         if facts is None:
             err(where, f"unknown instance type {q.instance_type!r}",
-                f"use a known type ({', '.join(cat.suggest(q.instance_type))}) or add it to clustertrain/cloud/instances.yaml")
+                f"use a known type ({', '.join(cat.suggest(q.instance_type))}) or add it to clustertrain/plan/instances.yaml")
             continue
         if cat.offered(q.instance_type, aws.region) is False:
             err(where, f"{q.instance_type} is not offered in {aws.region}", f"use one of {', '.join(facts.regions or ())} or another type")

@@ -195,7 +195,7 @@ def _queues(config: dict, cat: InstanceCatalog, region: str | None) -> tuple[lis
                 facts = cat.get(itype) if isinstance(itype, str) else None
                 if facts is None:
                     out.append(Finding("error", _p(*rp, "InstanceType"), f"unknown instance type {itype!r}",
-                                       f"use a known type ({', '.join(cat.suggest(str(itype)))}) or add it to clustertrain/cloud/instances.yaml"))
+                                       f"use a known type ({', '.join(cat.suggest(str(itype)))}) or add it to clustertrain/plan/instances.yaml"))
                     continue
                 if region and cat.offered(itype, region) is False:
                     out.append(Finding("error", _p(*rp, "InstanceType"), f"{itype} is not offered in {region}",

@@ -1,5 +1,10 @@
-"""NCCL/EFA environment presets: data in ``nccl_presets.yaml`` (sources documented there), looked up
-by instance family, scale and OS, with the project's ``launch.env`` applied on top.
+"""NCCL/EFA environment presets: data in ``nccl_presets.yaml`` (format version 3 and sources documented
+there), looked up by the instance type's preset family, the scale and the OS, with the project's
+``launch.env`` applied on top.
+
+Which preset family an instance type gets (``nccl_preset``) and whether it has EFA are instance facts:
+they come from the instance catalog (``clustertrain/plan/instances.yaml``, :mod:`clustertrain.plan.catalog`).
+A type that is not in the catalog, or has no ``nccl_preset``, gets no preset.
 
 The result is a :class:`RankEnvironment`: ``set`` (name -> value, exported as given) and ``prepend``
 (name -> directories put in front of the node's existing value, e.g. ``LD_LIBRARY_PATH``). Directories
@@ -8,19 +13,17 @@ are prepended only for jobs on the host whose OS is known (``aws.os``): a contai
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-import yaml
-
 from clustertrain.errors import ConfigError
 from clustertrain.launch.config import LaunchConfig
+from clustertrain.plan.catalog import read_catalog
+from clustertrain.schema import read_yaml
 
 PRESETS_FILE = Path(__file__).with_name("nccl_presets.yaml")
-PRESETS_VERSION = 2
-_FAMILY_RE = re.compile(r"^(?:ml\.)?([a-z]+[0-9]+[a-z]*)\.")
+PRESETS_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -29,27 +32,27 @@ class RankEnvironment:
 
     set: dict[str, str] = field(default_factory=dict)
     prepend: dict[str, list[str]] = field(default_factory=dict)
-    family: str | None = None
+    family: str | None = None   # the preset family applied (None: no preset)
     scale: str | None = None
-    efa: bool = False
+    efa: bool = False           # the EFA layer (efa_common) applied
     os: str | None = None
 
 
 @lru_cache(maxsize=4)
 def load_presets(path: Path = PRESETS_FILE) -> dict:
-    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    data = read_yaml(path)
     if not isinstance(data, dict) or data.get("version") != PRESETS_VERSION or "families" not in data:
         raise ConfigError(f"{path}: not a version-{PRESETS_VERSION} NCCL preset file "
                           "(keys version, small_max_nodes, os_layout, efa_common, families, discouraged)")
     return data
 
 
-def family_of(instance_type: str | None) -> str | None:
-    """``p5e.48xlarge`` -> ``p5e``; ``None`` or an unparsable name -> ``None``."""
-    if not instance_type:
-        return None
-    m = _FAMILY_RE.match(instance_type.strip().lower())
-    return m.group(1) if m else None
+def preset_of(instance_type: str | None) -> tuple[str | None, bool]:
+    """``(preset family, has EFA)`` of an instance type, from the instance catalog (a SageMaker ``ml.``
+    name reads as the EC2 type); ``(None, False)`` for a type the catalog does not know."""
+    name = (instance_type or "").strip().lower().removeprefix("ml.")
+    inst = read_catalog().instances.get(name)
+    return (inst.nccl_preset, inst.efa) if inst is not None else (None, False)
 
 
 def scale_of(nodes: int, presets: dict | None = None) -> str:
@@ -67,15 +70,16 @@ def rank_environment(instance_type: str | None, nodes: int, launch: LaunchConfig
     """The preset of ``instance_type`` at ``nodes`` nodes on ``os`` (``aws.os``; None = unknown), with
     ``launch.env`` over it. ``container``: the ranks run in a container image (nothing is prepended)."""
     presets = presets or load_presets()
-    family = family_of(instance_type)
-    spec = presets["families"].get(family) if family else None
+    preset, efa = preset_of(instance_type)
+    spec = presets["families"].get(preset) if preset else None
+    efa = efa and spec is not None
     values: dict[str, str] = {}
     prepend: dict[str, list[str]] = {}
     scale = None
     layout = (presets.get("os_layout") or {}).get(os) if os else None
     if spec is not None:
         scale = scale_of(nodes, presets)
-        layers = [presets.get("efa_common", {})] if spec.get("efa") else []
+        layers = [presets.get("efa_common", {})] if efa else []
         layers += [spec.get("all") or {}, spec.get(scale) or {}]
         for layer in layers:
             values.update({k: str(v) for k, v in (layer.get("env") or {}).items()})
@@ -89,4 +93,4 @@ def rank_environment(instance_type: str | None, nodes: int, launch: LaunchConfig
         else:
             prepend.pop(key, None)  # an explicit value replaces the prepended directories too
             values[key] = value
-    return RankEnvironment(values, prepend, family, scale, bool(spec and spec.get("efa")), os)
+    return RankEnvironment(values, prepend, preset if spec is not None else None, scale, efa, os)

@@ -6,28 +6,26 @@ Each line of metrics.jsonl is one JSON object for one logged step::
      "step_time_s": 0.094, "mfu": null, "tokens": 40960, "time": 1763772000.0}
 
 ``mfu`` is model FLOPs utilisation (flops_per_token x tokens/s / (peak x GPUs)); it is null where
-the peak is unknown (CPUs). On resume from step S, lines with step > S are dropped first, so the
-file always describes one continuous run.
+the peak is unknown (CPUs, GPUs without a bf16 peak). The peak is the GPU's dense bf16 figure from the
+instance catalog (``clustertrain/plan/instances.yaml``). On resume from step S, lines with step > S are
+dropped first (the file is rewritten whole, atomically), so the file always describes one continuous run.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
-# Dense bf16 peak TFLOP/s per GPU, from the vendors' data sheets (without sparsity).
-PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 70.0, "L4": 121.0, "B200": 2250.0}
+from clustertrain.plan.catalog import read_catalog
+from clustertrain.rundir import write_atomic
 
 
 def peak_flops_for(device_name: str | None) -> float | None:
-    if not device_name:
-        return None
-    for key, tflops in PEAK_BF16_TFLOPS.items():
-        if key in device_name.upper():
-            return tflops * 1e12
-    return None
+    """Dense bf16 peak FLOP/s of the GPU a CUDA device name is (``NVIDIA H100 80GB HBM3``); None when the
+    catalog does not know the GPU or it has no bf16 peak."""
+    gpu = read_catalog().gpu_for_device(device_name)
+    return gpu.peak_bf16_tflops * 1e12 if gpu is not None and gpu.peak_bf16_tflops else None
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -46,9 +44,7 @@ class MetricsWriter:
     def __init__(self, path: Path, tensorboard_dir: Path | None, start_step: int):
         self.path = path
         kept = [r for r in read_metrics(path) if r.get("step", 0) <= start_step]
-        tmp = path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        os.replace(tmp, path)
+        write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
         self._file = open(path, "a", encoding="utf-8")
         self._tb = None
         if tensorboard_dir is not None:

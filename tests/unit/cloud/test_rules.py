@@ -4,11 +4,12 @@ path and message it must produce. Every case starts from the valid generated sce
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 
 from clustertrain.cloud import build_cluster_config, check_cluster_config, validate_cluster_config
-from clustertrain.cloud.catalog import load_catalog, parse_catalog
+from clustertrain.cloud.catalog import InstanceCatalog, load_catalog
 
 Q = ("Scheduling", "SlurmQueues", 0)
 CR = Q + ("ComputeResources", 0)
@@ -145,11 +146,9 @@ def test_broken_config_gets_its_message(good_config, case_id, edit, level, path,
 
 
 def test_region_without_the_instance_where_the_catalog_knows(good_config):
-    raw = {"version": 1, "regions": list(load_catalog().regions), "instances": {
-        name: {"vcpus": f.vcpus, "memory_gib": f.memory_gib, "gpus": f.gpus, "gpu": f.gpu, "efa": f.efa, "nvme_gb": f.nvme_gb,
-               "regions": ["us-east-1", "us-east-2"] if name == "p5e.48xlarge" else None}
-        for name, f in load_catalog().instances.items()}}
-    catalog = parse_catalog(raw)
+    cat = load_catalog()
+    p5e = dataclasses.replace(cat.instances["p5e.48xlarge"], regions=("us-east-1", "us-east-2"))
+    catalog = InstanceCatalog({**cat.instances, "p5e.48xlarge": p5e}, cat.regions)
     findings = check_cluster_config(good_config, catalog)
     assert [str(f) for f in findings] == [
         "error: Scheduling.SlurmQueues[0].ComputeResources[0].InstanceType: p5e.48xlarge is not offered in ap-southeast-3; "

@@ -10,23 +10,34 @@ from __future__ import annotations
 import pytest
 
 from clustertrain.launch.config import LaunchConfig
-from clustertrain.launch.presets import PRESETS_FILE, discouraged, family_of, load_presets, rank_environment
+from clustertrain.launch.presets import PRESETS_FILE, discouraged, load_presets, preset_of, rank_environment
+from clustertrain.plan.catalog import read_catalog
 
 PLUGIN_SETS = ("FI_PROVIDER", "FI_EFA_USE_DEVICE_RDMA", "FI_EFA_FORK_SAFE", "NCCL_BUFFSIZE", "NCCL_P2P_NET_CHUNKSIZE",
                "NCCL_TUNER_PLUGIN", "NCCL_PROTO", "NCCL_ALGO")
 
 
+@pytest.mark.parametrize("itype,preset", [("p5.48xlarge", ("p5", True)), ("p5e.48xlarge", ("p5e", True)),
+                                          ("p5en.48xlarge", ("p5en", True)), ("p4d.24xlarge", ("p4d", True)),
+                                          ("p4de.24xlarge", ("p4d", True)), ("ml.p4d.24xlarge", ("p4d", True)),
+                                          ("P5.48XLARGE", ("p5", True)), ("g5.12xlarge", (None, True)),
+                                          ("c6i.4xlarge", (None, False)), ("p5.4xlarge", (None, False)),
+                                          (None, (None, False)), ("", (None, False)), ("weird", (None, False))])
+def test_preset_and_efa_come_from_the_instance_catalog(itype, preset):
+    assert preset_of(itype) == preset
+
+
+def test_catalog_presets_and_preset_families_match():
+    """Every nccl_preset the catalog names exists here, every family here is some instance's preset."""
+    named = {i.nccl_preset for i in read_catalog().instances.values() if i.nccl_preset}
+    assert named == set(load_presets()["families"])
+
+
 @pytest.mark.parametrize("itype,family", [("p5.48xlarge", "p5"), ("p5e.48xlarge", "p5e"), ("p5en.48xlarge", "p5en"),
-                                          ("p4d.24xlarge", "p4d"), ("ml.p4d.24xlarge", "p4d"), ("P5.48XLARGE", "p5"),
-                                          (None, None), ("", None), ("weird", None)])
-def test_family_of(itype, family):
-    assert family_of(itype) == family
-
-
-@pytest.mark.parametrize("family", ["p5", "p5e", "p5en", "p4d"])
+                                          ("p4d.24xlarge", "p4d"), ("p4de.24xlarge", "p4d")])
 @pytest.mark.parametrize("nodes", [2, 14])
-def test_no_efa_family_sets_what_the_plugin_sets_itself(family, nodes):
-    env = rank_environment(f"{family}.48xlarge", nodes, os="alinux2023")
+def test_no_efa_family_sets_what_the_plugin_sets_itself(itype, family, nodes):
+    env = rank_environment(itype, nodes, os="alinux2023")
     assert env.efa and env.family == family
     assert not set(PLUGIN_SETS) & set(env.set), env.set
     assert env.set["NCCL_SOCKET_IFNAME"] == "^docker,lo,veth"
@@ -69,8 +80,9 @@ def test_project_overrides_win_and_null_removes():
 
 
 def test_unknown_or_missing_instance_type_has_no_preset_but_keeps_overrides():
-    env = rank_environment("g5.12xlarge", 1, LaunchConfig(env={"A": "b"}), os="alinux2023")
-    assert (env.set, env.prepend, env.efa, env.family) == ({"A": "b"}, {}, False, "g5")
+    env = rank_environment("g5.12xlarge", 1, LaunchConfig(env={"A": "b"}), os="alinux2023")  # EFA, but no preset
+    assert (env.set, env.prepend, env.efa, env.family) == ({"A": "b"}, {}, False, None)
+    assert rank_environment("p5.4xlarge", 1).family is None  # a family's other sizes are not guessed
     assert rank_environment(None, 4).set == {}
 
 
@@ -85,7 +97,7 @@ def test_data_file_names_its_sources_and_what_it_does_not_set():
     data = load_presets()
     assert set(discouraged()) >= {"NCCL_TUNER_PLUGIN", "FI_PROVIDER", "NCCL_BUFFSIZE"}
     for family, spec in data["families"].items():
-        assert set(spec) <= {"efa", "all", "small", "large"}, family
+        assert set(spec) <= {"all", "small", "large"}, family  # settings only: EFA is an instance fact (the catalog)
         for layer in ("all", "small", "large"):
             for value in ((spec.get(layer) or {}).get("env") or {}).values():
                 assert isinstance(value, str), (family, layer, value)

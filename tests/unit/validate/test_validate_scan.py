@@ -9,7 +9,8 @@ import yaml
 
 from clustertrain.validate import ValidateError, load_requirements, scan
 from clustertrain.validate.probes import probe_efa, probe_gpus
-from clustertrain.validate.requirements import COMPONENTS, DEFAULT_REQUIREMENTS, Minimum, family_entry, minimums_for
+from clustertrain.validate.requirements import (COMPONENTS, DEFAULT_REQUIREMENTS, Minimum, NodeExpectation, family_entry,
+                                                minimums_for)
 
 
 def by_name(report):
@@ -20,7 +21,10 @@ def test_requirements_table_has_the_seed_minimums():
     req = load_requirements()
     m = req.minimums
     assert (m.cuda_driver, m.efa_installer, m.cuda, m.nccl, m.aws_ofi_nccl) == ("535.54.03", "1.26.1", "12.2", "2.18.5", "1.8.1")
-    assert req.families["p5"].gpus == 8 and req.families["p5e"].gpus == 8
+    # GPU and EFA counts come from the instance catalog, not from the table
+    assert family_entry(req, "p5.48xlarge") == ("p5.48xlarge", NodeExpectation(8, 32, "H100"))
+    assert family_entry(req, "p5en.48xlarge") == ("p5en.48xlarge", NodeExpectation(8, 16, "H200"))
+    assert family_entry(req, "p5.4xlarge") == ("unknown type", NodeExpectation(1, 1))  # not in the catalog: no guess
     assert req.roles["head"]["slurm"] == "required" and req.roles["head"]["gpu"] == "absent"
     assert set(req.sources) == set(COMPONENTS)  # every base minimum says where it comes from
 
@@ -35,11 +39,12 @@ def test_minimum_versions_per_instance_family_and_type(tmp_path):
     assert minimums_for(req, None)["nccl"].version == "2.18.5"
     table = tmp_path / "req.yaml"
     data = yaml.safe_load(DEFAULT_REQUIREMENTS.read_text())
-    data["families"]["p5e.48xlarge"] = {"gpus": 8, "efa_devices": 32, "minimums": {"aws_ofi_nccl": "1.12.0", "nccl": "2.0"},
-                                        "sources": {"aws_ofi_nccl": "type rule"}}
+    data["families"]["p5e.48xlarge"] = {"minimums": {"aws_ofi_nccl": "1.12.0", "nccl": "2.0"}, "sources": {"aws_ofi_nccl": "type rule"}}
+    data["unknown_type"] = {"min_gpus": 4, "min_efa_devices": 2}
     table.write_text(yaml.safe_dump(data))
     custom = load_requirements(table)
-    assert family_entry(custom, "p5e.48xlarge")[0] == "p5e.48xlarge" and family_entry(custom, "p5e.4x")[0] == "p5e"
+    assert family_entry(custom, "p5e.48xlarge")[1].efa_devices == 32 and family_entry(custom, "p5e.4x") == (
+        "unknown type", NodeExpectation(4, 2))
     assert minimums_for(custom, "p5e.48xlarge")["aws_ofi_nccl"] == Minimum("1.12.0", "type rule")
     assert minimums_for(custom, "p5e.48xlarge")["nccl"].version == "2.18.5"  # an entry never lowers a minimum
 
@@ -61,7 +66,7 @@ def test_compute_scan_reports_missing_gpu_and_efa_honestly():
     gpus, efa = probe_gpus(), probe_efa()
     rep = scan("compute", instance_type="p5.48xlarge")
     c = by_name(rep)
-    assert rep.family == "p5" and c["gpu"].required == ">= 8 GPU(s)"
+    assert rep.family == "p5.48xlarge" and c["gpu"].required == ">= 8 GPU(s)"
     if gpus.found is None:  # this machine: no NVIDIA driver
         assert c["gpu"].status == "fail" and c["gpu"].found == "not found" and rep.failed
         assert c["cuda_driver"].status == "fail" and c["cuda_driver"].required == ">= 535.54.03"
@@ -94,6 +99,11 @@ def test_bad_role_and_bad_table(tmp_path):
     with pytest.raises(ValidateError, match="valid roles are: head, compute, container"):
         scan("login")
     bad = tmp_path / "req.yaml"
-    bad.write_text("version: 1\nminimums: {cuda_driver: '1'}\n")
-    with pytest.raises(ValidateError, match="req.yaml: minimums"):
+    bad.write_text("version: 2\nminimums: {cuda_driver: '1'}\n")
+    with pytest.raises(ValidateError, match=r"req.yaml:2: minimums.efa_installer: required key is missing"):
+        load_requirements(bad)
+    old = yaml.safe_load(DEFAULT_REQUIREMENTS.read_text()) | {"version": 1}
+    old["families"]["p5"] = {"gpus": 8, "efa_devices": 32}
+    bad.write_text(yaml.safe_dump(old))
+    with pytest.raises(ValidateError, match=r"version: this clustertrain reads version 2, not 1; .*remove gpus, efa_devices"):
         load_requirements(bad)

@@ -1,18 +1,17 @@
 """Local backend: the ranks of one run as worker processes on this machine.
 
-Each rank gets the torchrun-style environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1,
-MASTER_PORT=a free port) and runs the same per-rank entry point that ``srun`` runs on a cluster,
-with its output in ``RUN_DIR/logs/rank<R>.log``. :meth:`LocalLauncher.wait` watches them: if any
+The ranks are started by :func:`clustertrain.launch.local_ranks.start_local_ranks` (the torchrun-style
+environment: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT=
+``cluster.master_port`` or a free port) and run the same per-rank entry point that ``srun`` runs on a
+cluster, with their output in ``RUN_DIR/logs/rank<R>.log``. :meth:`LocalLauncher.wait` watches them: if any
 rank dies, the others are stopped within seconds and the failure names the rank and its last
 lines. SIGINT/SIGTERM to the launcher are forwarded as SIGTERM, so the ranks save and stop.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,24 +20,12 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from clustertrain.launch.backend import JobStatus
+from clustertrain.launch.local_ranks import reap_ranks, start_local_ranks, stop_ranks
 from clustertrain.launch.prepare import RunSpec
+from clustertrain.states import State
 
 POLL_S = 0.5
 KILL_GRACE_S = 5.0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _die_with_parent() -> None:  # runs in the child before exec
-    os.setsid()
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def rank_command(spec: RunSpec) -> list[str]:
@@ -57,7 +44,7 @@ class LocalJob:
 
 @dataclass
 class WaitResult:
-    state: str  # COMPLETED | STOPPED | FAILED
+    state: State  # COMPLETED | STOPPED | FAILED
     exit_code: int
     message: str
 
@@ -70,19 +57,9 @@ class LocalLauncher:
 
     def submit(self, spec: RunSpec) -> str:
         cluster = spec.project.cluster
-        world = cluster.ranks_per_node
-        port = cluster.master_port or free_port()
-        base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-        procs = []
-        for rank in range(world):
-            env = dict(base, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONUNBUFFERED="1")
-            log = open(spec.paths.rank_log(rank), "ab")
-            log.write(f"=== clustertrain rank {rank}/{world} started {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n".encode())
-            log.flush()
-            procs.append(subprocess.Popen(rank_command(spec), env=env, stdout=log, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent))
-            log.close()
+        started = start_local_ranks(rank_command(spec), cluster.ranks_per_node, spec.paths.rank_log,
+                                    port=cluster.master_port)
+        procs = [started[r] for r in sorted(started)]
         job_id = f"local-{procs[0].pid}"
         self.jobs[job_id] = LocalJob(spec, procs, time.time())
         return job_id
@@ -91,12 +68,12 @@ class LocalLauncher:
         job = self.jobs[job_id]
         codes = [p.poll() for p in job.procs]
         if job.failure:
-            return JobStatus(job_id, "FAILED", 1, job.failure)
+            return JobStatus(job_id, State.FAILED, 1, job.failure)
         if any(c not in (None, 0) for c in codes):
-            return JobStatus(job_id, "FAILED", next(c for c in codes if c not in (None, 0)))
+            return JobStatus(job_id, State.FAILED, next(c for c in codes if c not in (None, 0)))
         if all(c == 0 for c in codes):
-            return JobStatus(job_id, "STOPPED" if job.stop_signal else "COMPLETED", 0)
-        return JobStatus(job_id, "RUNNING")
+            return JobStatus(job_id, State.STOPPED if job.stop_signal else State.COMPLETED, 0)
+        return JobStatus(job_id, State.RUNNING)
 
     def logs(self, job_id: str, follow: bool = False, rank: int = 0) -> Iterator[str]:
         job = self.jobs[job_id]
@@ -112,7 +89,7 @@ class LocalLauncher:
                     time.sleep(POLL_S)
 
     def cancel(self, job_id: str) -> None:
-        _stop_all(self.jobs[job_id].procs, signal.SIGKILL)
+        stop_ranks(self.jobs[job_id].procs, signal.SIGKILL)
 
     # ------------------------------------------------------------------
     def wait(self, job_id: str, on_tick: Callable[[], None] | None = None) -> WaitResult:
@@ -124,7 +101,7 @@ class LocalLauncher:
             forwarded.append(signum)
             job.stop_signal = signal.Signals(signum).name
             sig = signal.SIGKILL if len(forwarded) > 2 else signal.SIGTERM
-            _stop_all(job.procs, sig)
+            stop_ranks(job.procs, sig)
 
         old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
@@ -136,38 +113,16 @@ class LocalLauncher:
                 if bad:
                     rank, code = bad[0]
                     time.sleep(0.5)  # peers failing for the same reason exit together; report the first
-                    _stop_all(job.procs, signal.SIGTERM)
-                    _wait_all(job.procs, KILL_GRACE_S)
+                    stop_ranks(job.procs, signal.SIGTERM)
+                    reap_ranks(job.procs, KILL_GRACE_S)
                     job.failure = _describe_failure(job.spec, rank, code)
-                    return WaitResult("FAILED", 2 if code == 2 else 1, job.failure)
+                    return WaitResult(State.FAILED, 2 if code == 2 else 1, job.failure)
                 if all(c == 0 for c in codes):
-                    state = "STOPPED" if job.stop_signal else "COMPLETED"
-                    return WaitResult(state, 0, "")
+                    return WaitResult(State.STOPPED if job.stop_signal else State.COMPLETED, 0, "")
                 time.sleep(POLL_S)
         finally:
             for s, handler in old.items():
                 signal.signal(s, handler)
-
-
-def _stop_all(procs: list[subprocess.Popen], sig: int) -> None:
-    for p in procs:
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, sig)
-            except ProcessLookupError:
-                pass
-
-
-def _wait_all(procs: list[subprocess.Popen], grace: float) -> None:
-    deadline = time.time() + grace
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.0, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            pass
-    _stop_all(procs, signal.SIGKILL)
-    for p in procs:
-        p.wait()
 
 
 def _describe_failure(spec: RunSpec, rank: int, code: int) -> str:

@@ -16,7 +16,7 @@ directive); :func:`build_request` rejects them with a :class:`~clustertrain.erro
 Containers (Pyxis). By default Pyxis sets the host's exported variables in the container *after* the
 image's entrypoint, and a value the image defines wins (Pyxis README, ``--container-env``). The ranks'
 wiring must not depend on what an image defines, so ``srun`` names it: ``--container-env=`` the
-rendezvous and rank variables (:data:`RANK_VARIABLES`) plus every variable of the rank environment;
+rendezvous and rank variables (:data:`clustertrain.ranks.RANK_VARIABLES`) plus every variable of the rank environment;
 those keep the host's value. Nothing is prepended to ``LD_LIBRARY_PATH`` in a container: the image's
 own value (its CUDA, NCCL and EFA libraries) stays.
 """
@@ -24,7 +24,6 @@ own value (its CUDA, NCCL and EFA libraries) stays.
 from __future__ import annotations
 
 import re
-import shlex
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -37,6 +36,9 @@ from clustertrain.launch.config import ENV_NAME_RE, LaunchConfig, launch_config_
 from clustertrain.launch.presets import RankEnvironment, rank_environment
 from clustertrain.layout import storage_layout
 from clustertrain.project import ModelEntry, Project
+from clustertrain.ranks import RANK_VARIABLES, batch_lines
+from clustertrain.rundir import RunPaths
+from clustertrain.templating import environment
 
 TEMPLATES = Path(__file__).parent / "templates"
 TEMPLATE = "sbatch.sh.j2"
@@ -79,6 +81,11 @@ class SbatchRequest:
         """The ``--output`` pattern (Slurm fills in %x and %j)."""
         return slurm_filename(self.log_dir) + "/" + OUTPUT_PATTERN
 
+    @property
+    def completed_marker(self) -> Path:
+        """The file whose presence tells the script not to requeue (:attr:`clustertrain.rundir.RunPaths.completed`)."""
+        return RunPaths(self.run_dir).completed
+
     def output_for(self, job_id: str) -> Path:
         """The output file of job ``job_id`` (what Slurm makes of :attr:`output`)."""
         return self.log_dir / OUTPUT_PATTERN.replace("%x", self.job_name).replace("%j", str(job_id))
@@ -106,17 +113,14 @@ def check_renderable(what: str, value: object) -> None:
 def render_template(template: str, **context: object) -> str:
     """Render another ``launch/templates/*.j2`` with the filters of the training script (``q``: shell
     quoting with :func:`shlex.quote`; ``sq``: :func:`sbatch_quote`); ``template`` (the template's path in
-    the package) is passed for the header. Callers check their values with :func:`check_renderable`."""
+    the package) is passed for the header, ``rank_wiring`` the lines that export the rendezvous
+    (:func:`clustertrain.ranks.batch_lines`). Callers check their values with :func:`check_renderable`."""
     return _environment().get_template(template).render(template=f"clustertrain/launch/templates/{template}",
-                                                        **context)
+                                                        rank_wiring=batch_lines(), **context)
 
 
 def default_log_dir(project: Project, entry: ModelEntry) -> Path:
     return storage_layout(project).log_dir(entry.name)
-
-
-#: what the ranks read to find each other (clustertrain.train.distributed.RankEnv), passed to Pyxis by name
-RANK_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_JOB_ID")
 
 
 def interpreter(project: Project, launch: LaunchConfig | None = None) -> str:
@@ -196,9 +200,8 @@ def _strings(value: object) -> list[str]:
 
 
 def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), trim_blocks=True, lstrip_blocks=True,
-                             undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True)
-    env.filters["q"] = lambda v: shlex.quote(str(v))
+    """The one Jinja environment (:func:`clustertrain.templating.environment`) plus the ``sq`` filter."""
+    env = environment(TEMPLATES)
     env.filters["sq"] = lambda v: sbatch_quote(str(v))
     return env
 
@@ -206,8 +209,7 @@ def _environment() -> jinja2.Environment:
 def render_script(request: SbatchRequest) -> str:
     """The batch script text of ``request``."""
     check_request(request)
-    return _environment().get_template(TEMPLATE).render(r=request, srun=srun_command(request),
-                                                             template=f"clustertrain/launch/templates/{TEMPLATE}")
+    return render_template(TEMPLATE, r=request, srun=srun_command(request))
 
 
 def srun_command(request: SbatchRequest) -> list[str]:

@@ -24,7 +24,7 @@ JSON and sacct samples written by hand from SchedMD's sources, said so in each f
 * jobcomp/filetxt (``JobCompLoc``): one ``Key=Value`` line per job end, appended by slurmctld. A
   requeued job has one line per run; the last line is the final state.
 * ``scontrol show node -o``: one ``Key=Value`` line per node (``NodeName``, ``NodeAddr``, ``State``).
-* Slurm hostlists (``node[1-3,5]``, ``gpu-[01-02],cpu1``): :func:`expand_hostlist`.
+* Slurm hostlists (``node[1-3,5]``, ``gpu-[01-02],cpu1``): :func:`clustertrain.ranks.expand_hostlist`.
 
 A backend calls :func:`query_job` while it waits for a job: it asks the controller and, once the
 job has left it (``MinJobAge`` after the end), the accounting database (sacct), else the jobcomp file.
@@ -37,15 +37,15 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import re
-import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 from clustertrain.errors import LaunchError
+from clustertrain.launch.slurmcli import last_line, run_slurm
+from clustertrain.ranks import expand_hostlist
 
 #: States after which a job will not run again by itself.
 FINISHED_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
@@ -171,22 +171,6 @@ def parse_time(text: str | int | None) -> datetime | None:
         return None
 
 
-def expand_hostlist(expr: str) -> list[str]:
-    """Expand a Slurm hostlist: ``node[1-3,5]`` -> node1 node2 node3 node5; keeps zero padding
-    (``gpu-[01-02]``); commas outside brackets separate hosts; several bracket groups multiply."""
-    hosts: list[str] = []
-    for item in _split_top(expr.strip()):
-        parts = re.split(r"(\[[^\]]*\])", item)
-        choices: list[list[str]] = []
-        for part in parts:
-            if part.startswith("["):
-                choices.append(_expand_range(part[1:-1], expr))
-            elif part:
-                choices.append([part])
-        hosts.extend("".join(combo) for combo in itertools.product(*choices))
-    return hosts
-
-
 def parse_squeue_json(text: str) -> list[JobState]:
     """``squeue --json`` (or ``scontrol show job --json``) of Slurm 22.05 to 25.11 -> one JobState per job."""
     try:
@@ -290,20 +274,20 @@ def query_job(job_id: str | int, env: Mapping[str, str] | None = None, *,
     the accounting database (sacct, where ``AccountingStorageType`` is slurmdbd), else its jobcomp/filetxt record
     (``jobcomp_path``, default the cluster's ``JobCompLoc``). ``env`` holds the client variables
     (``SLURM_CONF``...), merged over ``os.environ``."""
-    proc = _run(["scontrol", "show", "job", "-o", str(job_id)], env, check=False)
+    proc = run_slurm(["scontrol", "show", "job", "-o", str(job_id)], env, check=False)
     if proc.returncode == 0 and proc.stdout.strip():
         return parse_scontrol_job(proc.stdout)
     if not any(s in proc.stderr for s in _UNKNOWN_JOB):
-        raise LaunchError(f"`scontrol show job {job_id}` failed: {_last_line(proc.stderr)}")
+        raise LaunchError(f"`scontrol show job {job_id}` failed: {last_line(proc.stderr)}")
     config = {} if jobcomp_path else slurm_config(env)
     sacct_note = ""
     if config.get("AccountingStorageType") == "accounting_storage/slurmdbd":
         argv = ["sacct", "-j", str(job_id), "-X", "-D", "-n", "-P", "-o", ",".join(SACCT_FIELDS)]
-        sacct = _run(argv, env, check=False)
+        sacct = run_slurm(argv, env, check=False)
         record = parse_sacct(sacct.stdout).get(str(job_id)) if sacct.returncode == 0 else None
         if record is not None:
             return record
-        sacct_note = (f"; sacct failed: {_last_line(sacct.stderr)}" if sacct.returncode
+        sacct_note = (f"; sacct failed: {last_line(sacct.stderr)}" if sacct.returncode
                       else "; the accounting database (sacct) has no record of it")
     path = Path(jobcomp_path) if jobcomp_path else _jobcomp_of(config)
     if path is None:
@@ -317,17 +301,17 @@ def query_job(job_id: str | int, env: Mapping[str, str] | None = None, *,
 
 def list_jobs(env: Mapping[str, str] | None = None) -> list[JobState]:
     """Every job the controller knows (``squeue --json``)."""
-    return parse_squeue_json(_run(["squeue", "--json"], env).stdout)
+    return parse_squeue_json(run_slurm(["squeue", "--json"], env).stdout)
 
 
 def query_nodes(env: Mapping[str, str] | None = None) -> list[NodeInfo]:
-    return parse_nodes(_run(["scontrol", "show", "node", "-o"], env).stdout)
+    return parse_nodes(run_slurm(["scontrol", "show", "node", "-o"], env).stdout)
 
 
 def slurm_config(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """``scontrol show config`` as a dict (``JobCompType``, ``AccountingStorageType``...)."""
     kv: dict[str, str] = {}
-    for line in _run(["scontrol", "show", "config"], env).stdout.splitlines():
+    for line in run_slurm(["scontrol", "show", "config"], env).stdout.splitlines():
         key, sep, value = line.partition("=")
         if sep:
             kv[key.strip()] = value.strip()
@@ -347,47 +331,5 @@ def _jobcomp_of(config: Mapping[str, str]) -> Path | None:
 
 # -- helpers ---------------------------------------------------------------------------------------
 
-def _run(argv: list[str], env: Mapping[str, str] | None, check: bool = True) -> subprocess.CompletedProcess:
-    # times are read as ISO-8601: a user's SLURM_TIME_FORMAT (relative, a strftime format) would change them
-    full_env = {**os.environ, **(env or {}), "SLURM_TIME_FORMAT": "standard"}
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, env=full_env, timeout=60)
-    except FileNotFoundError:
-        raise LaunchError(f"`{argv[0]}` not found: install the Slurm client (slurm-client) or fix PATH") from None
-    if check and proc.returncode != 0:
-        raise LaunchError(f"`{' '.join(argv)}` failed: {_last_line(proc.stderr)}")
-    return proc
-
-
-def _last_line(text: str) -> str:
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else "no error output"
-
-
 def _none_if_none(value: str | None) -> str | None:
     return None if value in (None, "", "(null)", "None") else value
-
-
-def _split_top(expr: str) -> list[str]:
-    items, depth, cur = [], 0, ""
-    for ch in expr:
-        depth += (ch == "[") - (ch == "]")
-        if ch == "," and depth == 0:
-            items.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    if depth:
-        raise LaunchError(f"hostlist {expr!r} has an unclosed '['")
-    return [i for i in [*items, cur] if i]
-
-
-def _expand_range(body: str, expr: str) -> list[str]:
-    out = []
-    for piece in body.split(","):
-        lo, _, hi = piece.partition("-")
-        if not lo.isdigit() or (hi and not hi.isdigit()):
-            raise LaunchError(f"hostlist {expr!r}: bad range {piece!r}; expected forms like node[1-3,5]")
-        width = len(lo)
-        out.extend(str(i).zfill(width) for i in range(int(lo), int(hi or lo) + 1))
-    return out

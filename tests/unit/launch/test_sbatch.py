@@ -244,3 +244,78 @@ def test_python_comes_from_launch_python_and_library_dirs_from_aws_os():
     ubuntu = load_project(root / "examples" / "p5e-80x7.yaml", ["aws.os=ubuntu2204", "cluster.container_image=null"])
     text = render_script(build_request(ubuntu, ubuntu.models[0], Path("/fsx/checkpoints/x"), nodes=11))
     assert "export LD_LIBRARY_PATH=/opt/amazon/efa/lib:/opt/amazon/ofi-nccl/lib\"" in text
+
+
+def fake_slurm_bin(tmp_path: Path, srun_body: str, hosts: list[str]) -> Path:
+    """Stand-ins for the Slurm clients a batch script calls: ``srun`` runs ``srun_body``; ``scontrol`` prints
+    ``hosts`` for ``show hostnames``, a node line whose NodeAddr is the node's name, and records ``requeue``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/bash\n" + srun_body)
+    calls = shlex.quote(str(tmp_path / "scontrol.calls"))
+    (bin_dir / "scontrol").write_text(
+        f'#!/bin/bash\necho "$*" >> {calls}\n'
+        f'case "$1 $2" in\n  "show hostnames") printf "%s\\n" {" ".join(hosts)} ;;\n'
+        '  "show node") echo "NodeName=$3 Arch=x86_64 NodeAddr=$3 NodeHostName=$3" ;;\nesac\n')
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    return bin_dir
+
+
+def test_train_validate_and_the_batch_script_agree_on_the_ranks(tmp_path):
+    """Issue 13 defect 2: for one Slurm job, what a rank derives in training (train.distributed), in validation
+    (validate.collectives.job_env) and what the rendered batch script exports agree. (Before clustertrain.ranks,
+    validation used job id % 20000: port 31337 here, against 21337 in the trainer and the script.)"""
+    from clustertrain.train.distributed import RankEnv
+    from clustertrain.validate.collectives import job_env
+
+    job = {"SLURM_JOB_ID": "31337", "SLURM_JOB_NODELIST": "trn-st-p5-[07-08]", "SLURM_NTASKS": "16",
+           "SLURM_TASKS_PER_NODE": "8(x2)"}
+    task = {"SLURM_PROCID": "9", "SLURM_LOCALID": "1", "SLURM_NODEID": "1"}  # what srun adds for one task
+    p = project(nodes=2, gpus_per_node=8)
+    script = tmp_path / "job.sh"
+    script.write_text(render_script(build_request(p, p.models[0], tmp_path / "run")))
+    dump = shlex.quote(str(tmp_path / "srun.env"))
+    bin_dir = fake_slurm_bin(tmp_path, f"env -0 > {dump}\n", ["trn-st-p5-07", "trn-st-p5-08"])
+    stale = {"RANK": "5", "WORLD_SIZE": "99", "LOCAL_RANK": "5", "LOCAL_WORLD_SIZE": "99", "MASTER_PORT": "1",
+             "MASTER_ADDR": "elsewhere"}  # exported by the submitting shell; sbatch passes them on
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", **job, **stale}
+    proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    exported = dict(item.split("=", 1) for item in (tmp_path / "srun.env").read_text().split("\0") if item)
+    assert not {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"} & set(exported)
+
+    def view(info):
+        return info.master_addr, info.master_port, info.rank, info.world_size, info.local_rank
+
+    expected = ("trn-st-p5-07", 21337, 9, 16, 1)
+    assert (exported["MASTER_ADDR"], int(exported["MASTER_PORT"])) == expected[:2]
+    for derive in (RankEnv.from_environ, job_env):
+        assert view(derive({**exported, **task})) == expected  # a rank started by this script
+        assert view(derive({**job, **task})) == expected  # a rank started by srun with no batch script around it
+
+
+@pytest.mark.parametrize("completed", [True, False])
+def test_stopped_job_is_requeued_unless_training_completed(tmp_path, completed):
+    """The requeue decision of the rendered script, run by bash: srun's ranks get the stop signal and exit 0;
+    the job is requeued only when the run directory has no COMPLETED marker (clustertrain.rundir)."""
+    from clustertrain.rundir import RunPaths
+
+    p = project()
+    run = tmp_path / "run 'x' $(touch INJECTED)"
+    req = build_request(p, p.models[0], run, launch=LaunchConfig(max_restarts=2))
+    script = tmp_path / "job.sh"
+    script.write_text(render_script(req))
+    run.mkdir()
+    (run / "status.json").write_text('{"state": "completed"}')  # what decided before: no longer read
+    if completed:
+        RunPaths(run).completed.touch()
+    # the ranks: stop the batch shell as Slurm's --signal would, then exit 0 on the forwarded signal
+    bin_dir = fake_slurm_bin(tmp_path, "trap 'exit 0' USR2\nkill -USR2 $PPID\nfor _ in $(seq 300); do sleep 0.1; done\nexit 3\n", ["node1"])
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "node1"}
+    proc = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    requeued = "requeue 42" in (tmp_path / "scontrol.calls").read_text().splitlines()
+    assert requeued == (not completed), proc.stdout
+    assert ("nothing to resume" in proc.stdout) == completed
+    assert not list(tmp_path.rglob("INJECTED"))

@@ -20,11 +20,10 @@ from pathlib import Path
 import pytest
 
 from clustertrain.errors import LaunchError
-from clustertrain.launch import slurm_query
+from clustertrain.launch import slurmcli
 from clustertrain.launch.slurm_query import (
     JobGone,
     decode_wait_status,
-    expand_hostlist,
     json_exit_code,
     json_job_state,
     json_number,
@@ -59,22 +58,6 @@ JOBS = dict(line.split("\t") for line in load("jobs.txt").splitlines())
 
 def by_name(jobs):
     return {j.name: j for j in jobs}
-
-
-# -- hostlists ---------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("line", load("hostnames.txt").splitlines())
-def test_expand_hostlist_matches_scontrol_show_hostnames(line):
-    expr, expanded = line.split("\t")
-    assert expand_hostlist(expr) == expanded.split()
-
-
-def test_expand_hostlist_empty_and_errors():
-    assert expand_hostlist("") == []
-    with pytest.raises(LaunchError, match="unclosed"):
-        expand_hostlist("node[1-2")
-    with pytest.raises(LaunchError, match="bad range"):
-        expand_hostlist("node[a-b]")
 
 
 # -- small decoders ----------------------------------------------------------------------------------
@@ -290,7 +273,7 @@ def fake_slurm(monkeypatch, *, acct: str, sacct_out: str = "", sacct_rc: int = 0
             return subprocess.CompletedProcess(argv, sacct_rc, sacct_out, sacct_err)
         raise AssertionError(f"unexpected command {argv}")
 
-    monkeypatch.setattr(slurm_query.subprocess, "run", run)
+    monkeypatch.setattr(slurmcli.subprocess, "run", run)
     return calls
 
 

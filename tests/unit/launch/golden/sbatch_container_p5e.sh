@@ -22,6 +22,8 @@
 set -uo pipefail
 
 RUN_DIR=/fsx/proj/m1
+# Written by the ranks when training reached its last step (clustertrain/rundir.py RunPaths.completed).
+COMPLETED_MARKER=/fsx/proj/m1/COMPLETED
 MAX_RESTARTS=3
 RESTARTS="${SLURM_RESTART_COUNT:-0}"
 
@@ -42,11 +44,11 @@ export NCCL_SOCKET_IFNAME='^docker,lo,veth'
 export NCCL_DEBUG=WARN
 export MY_FLAG='a b'
 export PYTHONUNBUFFERED=1
-# Rank wiring: the ranks take rank/world from srun's SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID; torchrun-style
-# variables inherited from the submitting shell would override them.
-unset RANK WORLD_SIZE LOCAL_RANK
 
-# Rendezvous: the first node's NodeAddr (node names need not resolve), a port derived from the job id.
+# Rank wiring (clustertrain/ranks.py, the rules the ranks apply too): the ranks take rank/world from srun's
+# SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID, so torchrun-style variables inherited from the submitting shell go;
+# the rendezvous is the first node's NodeAddr (node names need not resolve) and a port derived from the job id.
+unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK
 first_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 MASTER_ADDR=$(scontrol show node "$first_node" -o | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p')
 export MASTER_ADDR="${MASTER_ADDR:-$first_node}"
@@ -74,7 +76,7 @@ on_term() {
 }
 trap on_term TERM
 
-srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=8 --cpus-per-task=12 --container-image=/fsx/images/train.sqsh --container-mounts=/fsx:/fsx,/dev/infiniband:/dev/infiniband --container-env=MASTER_ADDR,MASTER_PORT,SLURM_PROCID,SLURM_LOCALID,SLURM_NTASKS,SLURM_JOB_ID,NCCL_SOCKET_IFNAME,NCCL_DEBUG,MY_FLAG,PYTHONUNBUFFERED --container-workdir=/fsx/proj/m1 --no-container-mount-home --cpu-bind=none python -m clustertrain train --run-dir /fsx/proj/m1 --model m1 &
+srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=8 --cpus-per-task=12 --container-image=/fsx/images/train.sqsh --container-mounts=/fsx:/fsx,/dev/infiniband:/dev/infiniband --container-env=MASTER_ADDR,MASTER_PORT,SLURM_PROCID,SLURM_LOCALID,SLURM_NTASKS,SLURM_JOB_ID,SLURM_NODEID,SLURM_TASKS_PER_NODE,SLURM_STEP_NODELIST,SLURM_JOB_NODELIST,NCCL_SOCKET_IFNAME,NCCL_DEBUG,MY_FLAG,PYTHONUNBUFFERED --container-workdir=/fsx/proj/m1 --no-container-mount-home --cpu-bind=none python -m clustertrain train --run-dir /fsx/proj/m1 --model m1 &
 srun_pid=$!
 if [ -n "$stop_signal" ]; then kill -s USR2 "$srun_pid" 2>/dev/null || true; fi
 # `wait` returns early when the trap runs; keep waiting until srun has really exited.
@@ -85,7 +87,7 @@ while :; do
 done
 
 if [ -n "$stop_signal" ]; then
-    if grep -qs '"state": "completed"' "$RUN_DIR/status.json"; then
+    if [ -e "$COMPLETED_MARKER" ]; then
         echo "clustertrain: training had completed before the stop; nothing to resume"
     elif [ "$RESTARTS" -lt "$MAX_RESTARTS" ]; then
         echo "clustertrain: requeueing job $SLURM_JOB_ID (restart $((RESTARTS + 1)) of $MAX_RESTARTS); it resumes from the latest checkpoint"

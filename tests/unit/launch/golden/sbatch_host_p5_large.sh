@@ -17,6 +17,8 @@
 set -uo pipefail
 
 RUN_DIR=/fsx/proj/m1
+# Written by the ranks when training reached its last step (clustertrain/rundir.py RunPaths.completed).
+COMPLETED_MARKER=/fsx/proj/m1/COMPLETED
 MAX_RESTARTS=5
 RESTARTS="${SLURM_RESTART_COUNT:-0}"
 
@@ -36,11 +38,11 @@ record_end() {
 export NCCL_SOCKET_IFNAME='^docker,lo,veth'
 export NCCL_DEBUG=WARN
 export PYTHONUNBUFFERED=1
-# Rank wiring: the ranks take rank/world from srun's SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID; torchrun-style
-# variables inherited from the submitting shell would override them.
-unset RANK WORLD_SIZE LOCAL_RANK
 
-# Rendezvous: the first node's NodeAddr (node names need not resolve), a port derived from the job id.
+# Rank wiring (clustertrain/ranks.py, the rules the ranks apply too): the ranks take rank/world from srun's
+# SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID, so torchrun-style variables inherited from the submitting shell go;
+# the rendezvous is the first node's NodeAddr (node names need not resolve) and a port derived from the job id.
+unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK
 first_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 MASTER_ADDR=$(scontrol show node "$first_node" -o | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p')
 export MASTER_ADDR="${MASTER_ADDR:-$first_node}"
@@ -79,7 +81,7 @@ while :; do
 done
 
 if [ -n "$stop_signal" ]; then
-    if grep -qs '"state": "completed"' "$RUN_DIR/status.json"; then
+    if [ -e "$COMPLETED_MARKER" ]; then
         echo "clustertrain: training had completed before the stop; nothing to resume"
     elif [ "$RESTARTS" -lt "$MAX_RESTARTS" ]; then
         echo "clustertrain: requeueing job $SLURM_JOB_ID (restart $((RESTARTS + 1)) of $MAX_RESTARTS); it resumes from the latest checkpoint"

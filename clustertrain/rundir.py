@@ -3,28 +3,34 @@ itself lives (and the Slurm output and TensorBoard directories when the project 
 is :mod:`clustertrain.layout`'s rule.
 
     RUN_DIR/
-      run.json              identity: project, model, architecture fingerprint, dataset, created (written by the launcher)
-      config.yaml           the resolved project file the ranks read (defaults filled in, overrides applied)
+      run.json              identity: project, model, architecture fingerprint, dataset, created, the clustertrain
+                            version that prepared the run (written by the launcher; clustertrain.runstate.RunInfo)
+      config.yaml           the resolved project file the ranks read (defaults filled in, overrides applied; ranks of
+                            another clustertrain version read it leniently: clustertrain.runstate.read_resolved_config)
       metrics.jsonl         one JSON object per logged step (see clustertrain.train.metrics)
       tensorboard/          TensorBoard event files (rank 0), unless storage.tensorboard / aws.fsx[].holds puts them elsewhere
       logs/rank<R>.log      stdout+stderr of each local rank (local backend)
       checkpoints/          step_<8 digits>/ (DCP shards + meta.json) and the `latest` pointer
-      status.json           how the last run of the ranks ended: completed | stopped, step, checkpoint, and the
-                            checkpoint backups (backup, backup_state, backup_error, backups; clustertrain.train.backup)
+                            (clustertrain.train.checkpoint)
+      status.json           how the last run of the ranks ended: COMPLETED | STOPPED, step, checkpoint, and the
+                            checkpoint backups (clustertrain.runstate.RunStatus; the backup fields:
+                            clustertrain.train.backup)
       jobs.jsonl            one record per submitted Slurm job (Slurm backend; see clustertrain.launch.jobs)
-      COMPLETED             empty marker: training reached its last step (written last, removed when a run starts)
+      COMPLETED             empty marker: training reached its last step (written after status.json, removed when the
+                            ranks start; clustertrain.runstate)
       jobs/                 the batch script of each submission, kept as submitted, and <job id>.end: the state the
                             batch script recorded when the job ended (clustertrain.launch.jobs)
+
+Formats of the files clustertrain writes here and reads back (typed, lenient models with a ``version`` and the
+writer's ``clustertrain`` version): :mod:`clustertrain.runstate`.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 
 @dataclass(frozen=True)
@@ -102,10 +108,3 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None

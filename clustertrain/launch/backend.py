@@ -9,21 +9,29 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator, Protocol
 
+from clustertrain.states import State
+
 if TYPE_CHECKING:
     from clustertrain.launch.prepare import RunSpec
 
 
 @dataclass
 class JobStatus:
+    """A job as a backend sees it; ``state`` is one of :class:`~clustertrain.states.State` (PENDING, RUNNING,
+    COMPLETED, STOPPED, FAILED, CANCELLED; a plain string of one of them is converted)."""
+
     job_id: str
-    state: str  # PENDING | RUNNING | COMPLETED | STOPPED | FAILED | CANCELLED
+    state: State
     exit_code: int | None = None
     detail: str = ""
     extra: dict = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        self.state = State(self.state)
+
     @property
     def finished(self) -> bool:
-        return self.state not in ("PENDING", "RUNNING")
+        return self.state.finished
 
 
 class Launcher(Protocol):

@@ -1,19 +1,23 @@
 """Job records: ``RUN_DIR/jobs.jsonl`` and the batch scripts under ``RUN_DIR/jobs/``.
 
-Format (version 1): one JSON object per line, one line per submitted Slurm job, oldest first::
+Format (version 1, :class:`JobRecord`): one JSON object per line, one line per submitted Slurm job, oldest first::
 
-    {"version": 1, "job_id": "42", "model": "tiny", "job_name": "proj-tiny",
+    {"version": 1, "clustertrain": "0.1.0", "job_id": "42", "model": "tiny", "job_name": "proj-tiny",
      "script": "RUN_DIR/jobs/20261122-010203-42.sbatch", "output": "/fsx/proj/logs/tiny/proj-tiny-42.out",
      "submitted": 1795000000.0, "state": "COMPLETED", "exit_code": 0, "restarts": 1, "ended": 1795000100.0}
 
 ``state`` is null until someone observed the end (``clustertrain status``, :meth:`SlurmLauncher.status`,
-``wait``), then the final Slurm state (COMPLETED, FAILED, CANCELLED, TIMEOUT...). ``restarts`` counts
-requeues. Updates rewrite the file atomically (temp file + rename); readers ignore unknown keys
-and damaged lines, so a newer clustertrain can add fields.
+``wait``), then the final state in Slurm's own words (COMPLETED, FAILED, CANCELLED, TIMEOUT, PREEMPTED,
+NODE_FAIL...: what :func:`clustertrain.launch.slurm.to_job_status` maps to a
+:class:`clustertrain.states.State`, so PREEMPTED and NODE_FAIL stay told apart). ``restarts`` counts
+requeues; ``clustertrain`` is the version that wrote the line (see :mod:`clustertrain.runstate`).
+Updates rewrite the file atomically (temp file + rename); readers ignore unknown keys and damaged
+lines, so a newer clustertrain can add fields.
 
-End markers: ``RUN_DIR/jobs/<job id>.end``, written by the batch script itself (so they exist even when
-nobody ran ``status`` before Slurm forgot the job: ParallelCluster keeps a finished job MinJobAge=300 s
-and has no completion log). ``key=value`` lines, written to a temp file and renamed::
+End markers (:class:`EndMarker`): ``RUN_DIR/jobs/<job id>.end``, written by the batch script itself (so
+they exist even when nobody ran ``status`` before Slurm forgot the job: ParallelCluster keeps a finished
+job MinJobAge=300 s and has no completion log). ``key=value`` lines, written to a temp file and renamed
+(``state`` in Slurm's words, like ``jobs.jsonl``; a marker that does not parse counts as none)::
 
     version=1
     state=COMPLETED          # COMPLETED (exit 0) | FAILED (exit != 0) | CANCELLED/TIMEOUT/... (SIGTERM from Slurm)
@@ -28,48 +32,50 @@ writes none when it requeues itself. A job killed without warning (node failure,
 from __future__ import annotations
 
 import json
-import re
 import time
-from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from pydantic import ConfigDict, Field, ValidationError
+
+from clustertrain.errors import RunDirError
 from clustertrain.rundir import RunPaths, write_atomic
+from clustertrain.runstate import StoredRecord, parse_record
+from clustertrain.schema import StoredModel
 
 RECORD_VERSION = 1
+SLURM_STATE = r"^[A-Z][A-Z_]*$"
 
 
-@dataclass
-class JobRecord:
-    job_id: str
-    model: str
-    job_name: str
-    script: str
-    output: str
-    submitted: float
-    state: str | None = None
-    exit_code: int | None = None
-    restarts: int = 0
-    ended: float | None = None
-    version: int = RECORD_VERSION
+class JobRecord(StoredRecord):
+    """One line of ``jobs.jsonl`` (format in the module docstring)."""
 
-    @classmethod
-    def from_json(cls, data: dict) -> "JobRecord":
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+    version: int = Field(RECORD_VERSION, description="Number of the record's format.")
+    job_id: str = Field(..., description="Slurm job id.")
+    model: str = Field(..., description="Model the job trains.")
+    job_name: str = Field(..., description="Slurm job name.")
+    script: str = Field(..., description="The batch script as submitted (RUN_DIR/jobs/...).")
+    output: str = Field(..., description="The job's output file.")
+    submitted: float = Field(..., description="When it was submitted (Unix seconds).")
+    state: str | None = Field(None, description="Final Slurm state, once observed.")
+    exit_code: int | None = Field(None, description="Exit code (128 + signal when killed by one).")
+    restarts: int = Field(0, description="Requeues.")
+    ended: float | None = Field(None, description="When it ended (Unix seconds).")
 
 
 END_MARKER_VERSION = 1
 
 
-@dataclass(frozen=True)
-class EndMarker:
+class EndMarker(StoredModel):
     """What the batch script recorded when its job ended (format in the module docstring)."""
 
-    job_id: str
-    state: str
-    exit_code: int | None
-    restarts: int
-    ended: float | None
+    model_config = ConfigDict(frozen=True)
+
+    version: int = Field(END_MARKER_VERSION, description="Number of the marker's format.")
+    job_id: str = Field(..., description="Slurm job id (the file's name).")
+    state: str = Field(..., pattern=SLURM_STATE, description="Final Slurm state as the script saw it.")
+    exit_code: int | None = Field(None, description="The batch script's exit status.")
+    restarts: int = Field(0, description="SLURM_RESTART_COUNT of the run that ended.")
+    ended: float | None = Field(None, description="When it ended (Unix seconds).")
 
 
 def scripts_dir(paths: RunPaths) -> Path:
@@ -86,17 +92,12 @@ def read_end_marker(paths: RunPaths, job_id: str) -> EndMarker | None:
         text = end_marker_path(paths, str(job_id)).read_text(encoding="utf-8", errors="replace")
     except (FileNotFoundError, NotADirectoryError):
         return None
-    kv = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
-    state = kv.get("state", "").strip()
-    if not re.fullmatch(r"[A-Z][A-Z_]*", state):
-        return None
-
-    def number(key: str) -> int | None:
-        value = kv.get(key, "").strip()
-        return int(value) if value.lstrip("-").isdigit() else None
-
-    return EndMarker(str(job_id), state, number("exit_code"), number("restarts") or 0,
-                     float(number("ended")) if number("ended") is not None else None)
+    kv = {k.strip(): v.strip() for k, v in (line.split("=", 1) for line in text.splitlines() if "=" in line)}
+    fields = {k: v for k, v in kv.items() if v}  # an empty value (unset in the script) counts as absent
+    try:
+        return EndMarker.model_validate({**fields, "job_id": str(job_id)})
+    except ValidationError:
+        return None  # a half-written or foreign file: as if none had been written
 
 
 def new_script_path(paths: RunPaths) -> Path:
@@ -113,15 +114,14 @@ def read_records(paths: RunPaths) -> list[JobRecord]:
     out = []
     for line in lines:
         try:
-            data = json.loads(line)
-            out.append(JobRecord.from_json(data))
-        except (ValueError, TypeError):
+            out.append(parse_record(json.loads(line), JobRecord, str(paths.jobs)))
+        except (ValueError, RunDirError):
             continue  # a damaged line is skipped, not fatal
     return out
 
 
 def _write(paths: RunPaths, records: list[JobRecord]) -> None:
-    write_atomic(paths.jobs, "".join(json.dumps(asdict(r), sort_keys=False) + "\n" for r in records))
+    write_atomic(paths.jobs, "".join(r.model_dump_json() + "\n" for r in records))
 
 
 def add_record(paths: RunPaths, record: JobRecord) -> None:
@@ -132,11 +132,9 @@ def update_record(paths: RunPaths, job_id: str, **changes: object) -> JobRecord 
     """Change the fields of ``job_id``'s record; ``None`` when the run has no record of it."""
     records = read_records(paths)
     found = None
-    for r in records:
+    for i, r in enumerate(records):
         if r.job_id == job_id:
-            for key, value in changes.items():
-                setattr(r, key, value)
-            found = r
+            records[i] = found = JobRecord.model_validate({**r.model_dump(), **changes})
     if found is not None:
         _write(paths, records)
     return found

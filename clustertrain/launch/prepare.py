@@ -1,18 +1,17 @@
 """Prepare a run: resolve its directory, prepare its data, check what can be checked before any
-process starts, and write ``run.json`` + ``config.yaml`` (see :mod:`clustertrain.rundir`).
+process starts, and write ``run.json`` + ``config.yaml`` (see :mod:`clustertrain.rundir`; ``run.json``'s
+format is :class:`clustertrain.runstate.RunInfo`, which records the clustertrain version ranks check).
 
 Every check runs before the run directory is touched, so a mistake leaves nothing half-written.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from clustertrain import __version__
 from clustertrain.data import load_tokenizer
 from clustertrain.data.sample_index import GPTSamples
 from clustertrain.data.vocab import check_vocab
@@ -20,7 +19,8 @@ from clustertrain.data.staging import dataset_tokens, stage_dataset
 from clustertrain.errors import ConfigError, DataError
 from clustertrain.layout import storage_layout
 from clustertrain.project import ModelEntry, Project, architecture_fingerprint, dump_project
-from clustertrain.rundir import RunPaths, read_json, write_atomic
+from clustertrain.rundir import RunPaths, write_atomic
+from clustertrain.runstate import RunInfo, mark_started, read_run_info, write_record
 from clustertrain.train.checkpoint import check_ownership
 
 ARCHIVED = ("checkpoints", "metrics.jsonl", "tensorboard", "status.json")
@@ -54,7 +54,7 @@ def prepare_run(project: Project, entry: ModelEntry, run_dir: Path, resume: bool
     problem = check_vocab(entry, tokenizer.vocab_size)
     if problem is not None:
         raise ConfigError(problem)
-    previous = read_json(paths.run_json)
+    previous = read_run_info(paths)
     if resume:
         check_ownership(paths.checkpoints, fingerprint, project.name, entry.name)
     dataset = stage_dataset(entry.data, storage_layout(project).datasets, console=console, store_options=store_options(project))
@@ -71,11 +71,11 @@ def prepare_run(project: Project, entry: ModelEntry, run_dir: Path, resume: bool
         archive_previous(paths)
     paths.logs.mkdir(exist_ok=True)
     write_atomic(paths.config, dump_project(project))
-    write_atomic(paths.run_json, json.dumps({
-        "project": project.name, "model": entry.name, "fingerprint": fingerprint, "dataset": str(dataset),
-        "clustertrain": __version__, "created": (previous or {}).get("created", time.time()) if resume else time.time(),
-    }, indent=1))
-    paths.status.unlink(missing_ok=True)
+    created = previous.created if resume and previous is not None else time.time()
+    write_record(paths.run_json, RunInfo(project=project.name, model=entry.name, fingerprint=fingerprint,
+                                         dataset=str(dataset), created=created))
+    paths.status.unlink(missing_ok=True)  # the run to come writes its own (and COMPLETED when it gets there)
+    mark_started(paths)
     return RunSpec(project, entry, paths, dataset, resume)
 
 

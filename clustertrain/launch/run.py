@@ -12,14 +12,15 @@ from clustertrain.launch.follow import follow_local
 from clustertrain.launch.local import LocalLauncher
 from clustertrain.launch.prepare import prepare_run, run_dir_for
 from clustertrain.project import Project
-from clustertrain.rundir import read_json
+from clustertrain.runstate import read_status
+from clustertrain.states import State
 
 
 @dataclass
 class RunOutcome:
     model: str
     run_dir: Path
-    state: str
+    state: State  # COMPLETED | STOPPED | FAILED
     exit_code: int
     message: str
     step: int | None = None
@@ -44,10 +45,11 @@ def run_project(project: Project, model: str | None, run_dir: Path | None, resum
         launcher = LocalLauncher()
         job = launcher.submit(spec)
         result = follow_local(launcher, job, spec, console)
-        status = read_json(spec.paths.status) or {}
-        outcome = RunOutcome(entry.name, spec.paths.root, result.state, result.exit_code, result.message,
-                             status.get("step"), status.get("checkpoint"), status.get("backup"))
+        status = read_status(spec.paths)
+        outcome = RunOutcome(entry.name, spec.paths.root, State(result.state), result.exit_code, result.message,
+                             status.step if status else None, status.checkpoint if status else None,
+                             status.backup if status else None)
         outcomes.append(outcome)
-        if result.state != "COMPLETED":
+        if outcome.state != State.COMPLETED:
             break
     return outcomes

@@ -9,12 +9,14 @@ jobcomp/filetxt log (:func:`clustertrain.launch.slurm_query.query_job`); where t
 marker the batch script wrote (:func:`clustertrain.launch.jobs.read_end_marker`), else the state an
 earlier ``status`` recorded in ``jobs.jsonl``; a job that left neither (killed without warning) is
 FAILED with ``detail`` saying so. ``logs`` reads (or follows)
-the job's output file; ``cancel`` runs ``scancel``. Client commands run with ``os.environ`` plus
-``env`` (``SLURM_CONF``...), so jobs inherit that environment (sbatch's default ``--export=ALL``).
+the job's output file; ``cancel`` runs ``scancel``. Client commands run through
+:func:`clustertrain.launch.slurmcli.run_slurm` with ``os.environ`` plus ``env`` (``SLURM_CONF``...), so
+jobs inherit that environment (sbatch's default ``--export=ALL``).
 
-State mapping to :class:`JobStatus`: PENDING/REQUEUED/CONFIGURING -> PENDING; RUNNING/COMPLETING/
-SUSPENDED -> RUNNING; COMPLETED -> COMPLETED, or STOPPED when the run's ``status.json`` says the
-ranks stopped on a signal (restart budget spent); PREEMPTED -> STOPPED; CANCELLED -> CANCELLED;
+State mapping to :class:`JobStatus` (a :class:`clustertrain.states.State`): PENDING/REQUEUED/CONFIGURING ->
+PENDING; RUNNING/COMPLETING/SUSPENDED -> RUNNING; COMPLETED -> COMPLETED when the run's ``COMPLETED``
+marker is there, STOPPED when its ``status.json`` says the ranks stopped on a signal (restart budget
+spent), else COMPLETED (the batch script exited 0); PREEMPTED -> STOPPED; CANCELLED -> CANCELLED;
 everything else that ended (FAILED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY...) -> FAILED.
 """
 
@@ -36,8 +38,11 @@ from clustertrain.launch.prepare import run_dir_for
 from clustertrain.launch.jobs import JobRecord, add_record, find_record, new_script_path, read_end_marker, update_record
 from clustertrain.launch.sbatch import SbatchRequest, build_request, render_script
 from clustertrain.launch.slurm_query import JobGone, JobState, parse_kv_line, query_job
+from clustertrain.launch.slurmcli import run_slurm
 from clustertrain.project import Project
-from clustertrain.rundir import RunPaths, read_json, write_atomic
+from clustertrain.rundir import RunPaths, write_atomic
+from clustertrain.runstate import RunStatus, is_completed, read_status
+from clustertrain.states import State
 
 if TYPE_CHECKING:
     from clustertrain.launch.prepare import RunSpec
@@ -47,21 +52,23 @@ _PENDING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING",
 _RUNNING = {"RUNNING", "COMPLETING", "SUSPENDED", "STAGE_OUT", "SIGNALING", "RESIZING", "STOPPED"}
 
 
-def to_job_status(state: JobState, run_status: dict | None = None) -> JobStatus:
-    """Slurm's view of a job -> the backend-neutral :class:`JobStatus` (mapping in the module docstring)."""
+def to_job_status(state: JobState, run_status: RunStatus | None = None, completed: bool = False) -> JobStatus:
+    """Slurm's view of a job -> the backend-neutral :class:`JobStatus` (mapping in the module docstring);
+    ``run_status`` is the run's ``status.json``, ``completed`` whether its ``COMPLETED`` marker is there."""
     s = state.state
     if s in _PENDING:
-        mapped = "PENDING"
+        mapped = State.PENDING
     elif s in _RUNNING:
-        mapped = "RUNNING"
+        mapped = State.RUNNING
     elif s == "COMPLETED":
-        mapped = "STOPPED" if (run_status or {}).get("state") == "stopped" else "COMPLETED"
+        stopped = not completed and run_status is not None and run_status.state == State.STOPPED
+        mapped = State.STOPPED if stopped else State.COMPLETED
     elif s == "PREEMPTED":
-        mapped = "STOPPED"
+        mapped = State.STOPPED
     elif s == "CANCELLED":
-        mapped = "CANCELLED"
+        mapped = State.CANCELLED
     else:
-        mapped = "FAILED"
+        mapped = State.FAILED
     detail = s if not state.reason else f"{s} ({state.reason})"
     exit_code = state.exit_code if state.exit_code is None or not state.signal else 128 + state.signal
     return JobStatus(state.job_id, mapped, exit_code, detail, {
@@ -93,7 +100,8 @@ class SlurmLauncher:
             if paths is None:
                 raise
             state = state_from_run(paths, str(job_id))
-        status = to_job_status(state, read_json(paths.status) if paths and state.finished else None)
+        ended = paths is not None and state.finished
+        status = to_job_status(state, read_status(paths) if ended else None, ended and is_completed(paths))
         if paths and state.finished:
             record = find_record(paths, str(job_id))
             if record is not None and record.state != state.state:
@@ -143,12 +151,12 @@ class SlurmLauncher:
         script = new_script_path(paths)
         write_atomic(script, render_script(request))
         request.log_dir.mkdir(parents=True, exist_ok=True)  # Slurm does not create the output directory
-        proc = self._client(["sbatch", "--parsable", str(script)], cwd=paths.root)
+        proc = self._client(["sbatch", "--parsable", f"--chdir={paths.root}", str(script)])
         job_id = proc.stdout.strip().split(";")[0]
         if not job_id.isdigit():
             raise LaunchError(f"sbatch printed {proc.stdout.strip()!r}, not a job id")
         final = script.with_name(f"{script.stem}-{job_id}.sbatch")
-        os.replace(script, final)
+        os.replace(script, final)  # a rename of the complete script written above (nothing half-written)
         add_record(paths, JobRecord(job_id=job_id, model=request.model, job_name=request.job_name,
                                     script=str(final), output=str(request.output_for(job_id)), submitted=time.time()))
         self.runs[job_id] = paths
@@ -186,17 +194,8 @@ class SlurmLauncher:
                 raise LaunchError(f"Slurm job {job_id} did not end within {timeout:.0f} s (state {status.detail})")
             time.sleep(poll)
 
-    def _client(self, argv: list[str], check: bool = True, cwd: Path | None = None) -> subprocess.CompletedProcess:
-        try:
-            proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **self.env},
-                                  cwd=cwd, timeout=60)
-        except FileNotFoundError:
-            raise LaunchError(f"`{argv[0]}` not found: install the Slurm client or fix PATH "
-                              "(for the local cluster: eval \"$(clustertrain local-slurm env)\")") from None
-        if check and proc.returncode != 0:
-            lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()] or ["no error output"]
-            raise LaunchError(f"`{' '.join(argv[:2])} ...` failed: {lines[-1]}")
-        return proc
+    def _client(self, argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
+        return run_slurm(argv, env=self.env, check=check)
 
 
 def state_from_run(paths: RunPaths, job_id: str) -> JobState:

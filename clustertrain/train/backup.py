@@ -22,11 +22,15 @@ How (:class:`CheckpointBackup`)
     last one. A failed upload is logged and recorded; it never stops training, and the run still
     ends with exit code 0 (its checkpoints are intact on the file system).
 
-Records (in ``status.json``, written by :func:`clustertrain.train.trainer.write_status`)
-    ``backup``: URL of the verified copy of the run's last checkpoint, else null; ``backup_error``:
-    the last failure's message, else null; ``backups``: the last :data:`KEEP_RECORDS` records
-    ``{"checkpoint": "step_…", "url", "state": "verified"|"failed"|"superseded", "started", "finished",
-    "seconds", "error"}`` (times are Unix seconds; ``started`` is null for a superseded one).
+Records (in ``status.json``, written by :func:`clustertrain.train.trainer.write_status`; the format is
+:class:`clustertrain.runstate.RunStatus`)
+    ``backup``: URL of the verified copy of the run's last checkpoint, else null; ``backup_state``: that
+    checkpoint's backup state (``verified``, ``failed``, ``superseded``, ``in progress``), else null;
+    ``backup_error``: the last failure's message, else null; ``backups``: the last :data:`KEEP_RECORDS`
+    records :class:`~clustertrain.runstate.BackupRecord` ``{"checkpoint": "step_…", "url", "state":
+    "verified"|"failed"|"superseded", "started", "finished", "seconds", "error"}`` (times are Unix seconds;
+    ``started`` is null for a superseded one). A backup's state is a :class:`~clustertrain.runstate.BackupState`,
+    not a run's :class:`~clustertrain.states.State`.
 """
 
 from __future__ import annotations
@@ -38,11 +42,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from clustertrain.errors import ClusterTrainError, StorageError
 from clustertrain.project import ModelEntry, Project
+from clustertrain.runstate import BackupRecord, BackupState
 
 KEEP_RECORDS = 50
 NICE = 10  # the uploader's CPU priority offset: training threads come first
@@ -64,17 +68,6 @@ def is_due(entry: ModelEntry, step: int) -> bool:
     """Whether the periodic checkpoint of ``step`` is one ``training.backup_every`` asks to back up."""
     n = backup_every(entry)
     return bool(n) and step % (n * entry.training.checkpoint_every) == 0
-
-
-@dataclass
-class BackupRecord:
-    checkpoint: str
-    url: str
-    state: str  # "verified" | "failed" | "superseded"
-    started: float | None = None
-    finished: float | None = None
-    seconds: float | None = None
-    error: str | None = None
 
 
 Upload = Callable[[Path, str], None]
@@ -125,7 +118,8 @@ class CheckpointBackup:
             if self._closing:
                 raise RuntimeError("CheckpointBackup.submit after close")
             if self._pending is not None and self._pending != checkpoint:
-                self._record(BackupRecord(self._pending.name, self._url_for(self._pending), "superseded"))
+                self._record(BackupRecord(checkpoint=self._pending.name, url=self._url_for(self._pending),
+                                          state=BackupState.SUPERSEDED))
                 self._log(f"backup of {self._pending.name} skipped: superseded by {checkpoint.name} "
                           f"while {self._active.name if self._active else 'an upload'} was in flight")
             if checkpoint != self._active:
@@ -158,13 +152,13 @@ class CheckpointBackup:
         """The ``status.json`` fields (module docstring) for a run whose last checkpoint is ``final``."""
         with self._cond:
             rec = next((r for r in reversed(self.records) if final is not None and r.checkpoint == final.name), None)
-            failed = [r for r in self.records if r.state == "failed"]
+            failed = [r for r in self.records if r.state == BackupState.FAILED]
             waiting = final is not None and final in (self._active, self._pending)
             return {
-                "backup": rec.url if rec is not None and rec.state == "verified" else None,
-                "backup_state": "in progress" if waiting else (rec.state if rec is not None else None),
+                "backup": rec.url if rec is not None and rec.state == BackupState.VERIFIED else None,
+                "backup_state": BackupState.IN_PROGRESS if waiting else (rec.state if rec is not None else None),
                 "backup_error": failed[-1].error if failed else None,
-                "backups": [asdict(r) for r in self.records[-KEEP_RECORDS:]],
+                "backups": [r.model_copy() for r in self.records[-KEEP_RECORDS:]],
             }
 
     # -- the upload thread -------------------------------------------------------------------
@@ -185,11 +179,11 @@ class CheckpointBackup:
             started = time.time()
             try:
                 self._upload(ckpt, url)
-                rec = BackupRecord(ckpt.name, url, "verified")
+                rec = BackupRecord(checkpoint=ckpt.name, url=url, state=BackupState.VERIFIED)
                 self._log(f"backed up {ckpt.name} to {url} (verified, {time.time() - started:.1f} s)")
             except Exception as e:  # noqa: BLE001 - any failure of a backup is reported, never raised into training
                 message = str(e).splitlines()[0] if str(e) else type(e).__name__
-                rec = BackupRecord(ckpt.name, url, "failed", error=message)
+                rec = BackupRecord(checkpoint=ckpt.name, url=url, state=BackupState.FAILED, error=message)
                 self._log(f"backup of {ckpt.name} to {url} FAILED: {message}; training goes on "
                           f"(retry by hand: clustertrain storage sync {ckpt} {url})")
             rec.started, rec.finished = started, time.time()

@@ -5,8 +5,10 @@ Layout below ``RUN_DIR/checkpoints/``::
     step_00000040/          one complete checkpoint
       .metadata, *.distcp   DCP: model and optimizer state (replicated DDP tensors written once)
       rank_<R>.pt           per-rank state: torch/CUDA RNG, LR-scheduler state
-      meta.json             {"format": "clustertrain-checkpoint", "version": 1, "step", "consumed_samples",
-                             "world_size", "fingerprint", "project", "model", "time"} — written LAST
+      meta.json             :class:`CheckpointMeta` — written LAST:
+                            {"format": "clustertrain-checkpoint", "version": 1, "clustertrain": "0.1.0", "step": 40,
+                             "consumed_samples": 640, "world_size": 2, "fingerprint": "3f2a09c1d4e5b6a7",
+                             "project": "p", "model": "tiny", "time": 1795000000.0}
     latest                  text file naming the newest complete checkpoint directory (atomic rename)
     .tmp-step_...           a save in progress (or killed); removed at the next start
 
@@ -19,11 +21,13 @@ Pruning (``keep_last``) skips the checkpoints a background backup is reading or 
 (``protected``, see :mod:`clustertrain.train.backup`); they go at a later save or the final
 :meth:`CheckpointManager.prune`. A pruned directory is renamed to ``.trash-step_…`` first, so a
 kill mid-delete never leaves a half-deleted ``step_…``.
+
+``meta.json`` is read leniently (keys a newer clustertrain added are ignored; ``version`` is the
+format's number, ``clustertrain`` the writer's version, see :mod:`clustertrain.runstate`).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -34,8 +38,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import Field
+
 from clustertrain.errors import RunDirError
 from clustertrain.rundir import fsync_dir, write_atomic
+from clustertrain.runstate import StoredRecord, read_record, write_record
 
 if TYPE_CHECKING:  # torch is imported where it is used, so launchers that only read the layout stay light
     import torch
@@ -53,8 +60,25 @@ def is_complete(path: Path) -> bool:
     return (path / "meta.json").is_file() and (path / ".metadata").is_file()
 
 
-def read_meta(path: Path) -> dict[str, Any]:
-    return json.loads((path / "meta.json").read_text())
+class CheckpointMeta(StoredRecord):
+    """A checkpoint's ``meta.json`` (layout in the module docstring)."""
+
+    format: str = Field(FORMAT, description="Always clustertrain-checkpoint.")
+    step: int = Field(..., description="Steps trained when it was saved.")
+    consumed_samples: int = Field(0, description="Samples consumed (step x global_batch).")
+    world_size: int | None = Field(None, description="Ranks that saved it (their RNG state is in rank_<R>.pt).")
+    fingerprint: str | None = Field(None, description="Architecture fingerprint of the model it holds.")
+    project: str | None = Field(None, description="Project name.")
+    model: str | None = Field(None, description="Model name.")
+    time: float | None = Field(None, description="When it was saved (Unix seconds).")
+
+
+def read_meta(path: Path) -> CheckpointMeta:
+    """The ``meta.json`` of the checkpoint directory ``path`` (a damaged one is one :class:`RunDirError` line)."""
+    meta = read_record(path / "meta.json", CheckpointMeta)
+    if meta is None:
+        raise RunDirError(f"{path}: has no meta.json, so it is not a complete checkpoint; move it out of {path.parent}")
+    return meta
 
 
 def complete_checkpoints(root: Path) -> list[Path]:
@@ -82,9 +106,9 @@ def check_ownership(root: Path, fingerprint: str, project: str, model: str) -> N
     if latest is None:
         return
     meta = read_meta(latest)
-    if meta.get("fingerprint") != fingerprint:
+    if meta.fingerprint != fingerprint:
         raise RunDirError(
-            f"{root.parent}: holds checkpoints of project {meta.get('project')!r} model {meta.get('model')!r} "
+            f"{root.parent}: holds checkpoints of project {meta.project!r} model {meta.model!r} "
             f"(another project or architecture than {project!r}/{model!r}); use another --run-dir, "
             "or --no-resume to archive them and start over"
         )
@@ -129,12 +153,10 @@ class CheckpointManager:
             os.fsync(f.fileno())
         _barrier()
         if self.rank == 0:
-            meta = {
-                "format": FORMAT, "version": VERSION, "step": step, "consumed_samples": consumed_samples,
-                "world_size": self.world_size, "fingerprint": self.fingerprint, "project": self.project,
-                "model": self.model_name, "time": time.time(),
-            }
-            write_atomic(tmp / "meta.json", json.dumps(meta, indent=1))
+            meta = CheckpointMeta(version=VERSION, step=step, consumed_samples=consumed_samples,
+                                  world_size=self.world_size, fingerprint=self.fingerprint, project=self.project,
+                                  model=self.model_name, time=time.time())
+            write_record(tmp / "meta.json", meta)
             fsync_dir(tmp)
             if final.exists():  # an earlier save of the same step that `latest` never named
                 trash = self.root / f".trash-{final.name}-{os.getpid()}"
@@ -165,7 +187,8 @@ class CheckpointManager:
         for t in trash:
             shutil.rmtree(t, ignore_errors=True)
 
-    def load(self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict[str, Any] | None]:
+    def load(self, path: Path, model: torch.nn.Module,
+             optimizer: torch.optim.Optimizer) -> tuple[CheckpointMeta, dict[str, Any] | None]:
         """Load model+optimizer in place; return (meta, this rank's extra state or None if the world size changed)."""
         import torch
         import torch.distributed.checkpoint as dcp
@@ -178,7 +201,7 @@ class CheckpointManager:
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         rank_file = path / f"rank_{self.rank}.pt"
         extra = None
-        if meta.get("world_size") == self.world_size and rank_file.is_file():
+        if meta.world_size == self.world_size and rank_file.is_file():
             extra = torch.load(rank_file, weights_only=True)
         return meta, extra
 

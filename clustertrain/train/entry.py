@@ -2,8 +2,9 @@
 
 The same entry point runs under the local launcher (RANK/WORLD_SIZE/... set by it), under
 torchrun, and under ``srun`` (SLURM_PROCID/SLURM_NTASKS/...). It reads ``RUN_DIR/config.yaml``
-(written by the launcher), pins the local GPU when there is one, trains, and always ends with a
-barrier and ``destroy_process_group``.
+(written by the launcher; read leniently, with the version check of
+:func:`clustertrain.runstate.read_resolved_config`), pins the local GPU when there is one, trains,
+and always ends with a barrier and ``destroy_process_group``.
 """
 
 from __future__ import annotations
@@ -12,11 +13,10 @@ import os
 import sys
 from pathlib import Path
 
-import yaml
-
 from clustertrain.errors import ClusterTrainError, ConfigError
-from clustertrain.project import Project, validate_project
+from clustertrain.project import Project
 from clustertrain.rundir import RunPaths
+from clustertrain.runstate import UNKNOWN_VERSION, read_resolved_config, read_run_info
 
 EXIT_OK = 0
 INJECT_ENV = "CLUSTERTRAIN_INJECT_FAILURE"
@@ -33,10 +33,16 @@ def injected_failure_step(value: str | None, rank: int) -> int | None:
     return step if want_rank == rank else None
 
 
-def load_resolved(paths: RunPaths) -> Project:
+def load_resolved(paths: RunPaths, rank: int = 0) -> Project:
+    """The run's resolved project, read leniently: keys this clustertrain does not know are dropped; when
+    ``run.json`` names another clustertrain version (or keys were dropped), rank 0 says so in one line on stderr."""
     if not paths.config.is_file():
         raise ConfigError(f"{paths.config}: missing; start runs with `clustertrain run PROJECT.yaml`, which writes it")
-    return validate_project(yaml.safe_load(paths.config.read_text()), source=str(paths.config))
+    info = read_run_info(paths)
+    project, notice = read_resolved_config(paths.config, Project, info.clustertrain if info else UNKNOWN_VERSION)
+    if notice and rank == 0:
+        print(notice, file=sys.stderr, flush=True)
+    return project
 
 
 def run_rank(run_dir: Path, model_name: str) -> int:
@@ -49,9 +55,9 @@ def run_rank(run_dir: Path, model_name: str) -> int:
 
     stop = StopRequest().install()
     paths = RunPaths(Path(run_dir))
-    project = load_resolved(paths)
-    entry = project.model(model_name)
     env = RankEnv.from_environ()
+    project = load_resolved(paths, env.rank)
+    entry = project.model(model_name)
     cluster = project.cluster
     if cluster.gpus_per_node > 0:
         if not torch.cuda.is_available():

@@ -3,7 +3,6 @@ schedules, checkpoints, metrics and graceful stop. Started by :func:`clustertrai
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from contextlib import nullcontext
@@ -16,10 +15,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from clustertrain.data import GPTSamples, load_tokenizer, read_manifest
 from clustertrain.data.vocab import check_vocab
-from clustertrain.errors import ConfigError, DataError
+from clustertrain.errors import ConfigError, DataError, RunDirError
 from clustertrain.project import ModelEntry, Project, architecture_fingerprint
 from clustertrain.layout import storage_layout
-from clustertrain.rundir import RunPaths, write_atomic
+from clustertrain.rundir import RunPaths
+from clustertrain.runstate import RunStatus, mark_started, read_run_info, write_status_record
+from clustertrain.states import State
 from clustertrain.train.backup import CheckpointBackup, is_due
 from clustertrain.train.checkpoint import CheckpointManager, check_ownership, clean_stale, find_latest
 from clustertrain.train.distributed import RankEnv
@@ -31,7 +32,7 @@ from clustertrain.train.signals import StopRequest
 
 @dataclass
 class Outcome:
-    state: str  # "completed" | "stopped"
+    state: State  # COMPLETED | STOPPED
     step: int
     checkpoint: Path | None
     signal: str | None = None
@@ -58,14 +59,16 @@ class Trainer:
                 f"training.global_batch ({cfg.global_batch}) is not a multiple of micro_batch x world size "
                 f"({cfg.micro_batch} x {self.dp}); change global_batch or micro_batch"
             )
-        run = json.loads(paths.run_json.read_text())
-        if not Path(run["dataset"] + ".idx").is_file():
-            raise DataError(f"{run['dataset']}: prepared dataset is missing; re-run `clustertrain run` to prepare it")
-        self.tokenizer_vocab = dataset_vocab(run["dataset"], entry)
+        run = read_run_info(paths)
+        if run is None:
+            raise RunDirError(f"{paths.run_json}: missing; start runs with `clustertrain run`/`submit`, which write it")
+        if not Path(run.dataset + ".idx").is_file():
+            raise DataError(f"{run.dataset}: prepared dataset is missing; re-run `clustertrain run` to prepare it")
+        self.tokenizer_vocab = dataset_vocab(run.dataset, entry)
         problem = check_vocab(entry, self.tokenizer_vocab)
         if problem:
             raise ConfigError(problem)
-        self.samples = GPTSamples(run["dataset"], entry.model.seq_len, cfg.seed, split=entry.data.split)
+        self.samples = GPTSamples(run.dataset, entry.model.seq_len, cfg.seed, split=entry.data.split)
 
         torch.manual_seed(cfg.seed)
         model = GPT(entry.model, padded_vocab(entry.model, self.tokenizer_vocab)).to(device)
@@ -90,6 +93,7 @@ class Trainer:
         )
         self.step = 0
         if env.rank == 0:
+            mark_started(paths)  # not completed until this run of the ranks says so (clustertrain.runstate)
             clean_stale(paths.checkpoints)
         if resume:
             self._resume()
@@ -106,7 +110,7 @@ class Trainer:
         if latest is None:
             return
         meta, extra = self.ckpt.load(latest, self.raw_model, self.optimizer)
-        self.step = int(meta["step"])
+        self.step = meta.step
         if extra is not None:
             torch.set_rng_state(extra["rng_cpu"])
             if self.device.type == "cuda" and extra.get("rng_cuda") is not None:
@@ -115,7 +119,7 @@ class Trainer:
         else:
             self.scheduler.last_epoch = self.step
             self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
-            log(self.env.rank, f"world size changed since the checkpoint ({meta['world_size']} -> "
+            log(self.env.rank, f"world size changed since the checkpoint ({meta.world_size} -> "
                                f"{self.env.world_size}): RNG streams restart")
         log(self.env.rank, f"resumed from {latest} (step {self.step})")
 
@@ -212,11 +216,11 @@ class Trainer:
                     log(rank, f"saved checkpoint {saved}")
                     if self.backup is not None and (stopping or self.step == cfg.max_steps or is_due(self.entry, self.step)):
                         self.backup.submit(saved)
-                if stopping:
+                if stopping and self.step < cfg.max_steps:  # at max_steps the run has completed, signal or not
                     self._finish_stop_check()
                     log(rank, f"stopped by {stop.signal_name or 'a peer rank'} after step {self.step}; "
                               f"checkpoint saved to {saved}; re-run the same command to resume")
-                    return Outcome("stopped", self.step, saved, stop.signal_name)
+                    return Outcome(State.STOPPED, self.step, saved, stop.signal_name)
         finally:
             if self.metrics:
                 self.metrics.close()
@@ -226,7 +230,7 @@ class Trainer:
             if saved is not None and self.backup is not None:  # resumed at max_steps: make sure the last one is copied
                 self.backup.submit(saved)
         log(rank, f"training complete at step {self.step}; final checkpoint {saved}")
-        return Outcome("completed", self.step, saved)
+        return Outcome(State.COMPLETED, self.step, saved)
 
 
 def dataset_vocab(dataset: str, entry: ModelEntry) -> int:
@@ -240,13 +244,10 @@ def dataset_vocab(dataset: str, entry: ModelEntry) -> int:
 
 
 def write_status(paths: RunPaths, outcome: Outcome, backup: CheckpointBackup | None = None) -> None:
-    """``status.json``: how the ranks' run ended (see :mod:`clustertrain.rundir`; backup fields in
-    :mod:`clustertrain.train.backup`)."""
-    record = {
-        "state": outcome.state, "step": outcome.step, "signal": outcome.signal,
-        "checkpoint": str(outcome.checkpoint) if outcome.checkpoint else None, "backup": outcome.backup,
-        "pid": os.getpid(), "time": time.time(),
-    }
-    if backup is not None:
-        record.update(backup.status_fields(outcome.checkpoint))
-    write_atomic(paths.status, json.dumps(record))
+    """``status.json``, then (when training reached its last step) the ``COMPLETED`` marker: formats in
+    :mod:`clustertrain.runstate`; backup fields in :mod:`clustertrain.train.backup`."""
+    fields = {"backup": outcome.backup, **(backup.status_fields(outcome.checkpoint) if backup is not None else {})}
+    status = RunStatus(state=outcome.state, step=outcome.step, signal=outcome.signal,
+                       checkpoint=str(outcome.checkpoint) if outcome.checkpoint else None,
+                       pid=os.getpid(), time=time.time(), **fields)
+    write_status_record(paths, status)

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from clustertrain.project import TrainingConfig
+from clustertrain.train.config import TrainingConfig
 from tests.support.training import metrics, run_cli
 
 pytestmark = pytest.mark.slow
@@ -106,6 +106,6 @@ def test_failed_backup_is_reported_and_the_run_still_completes(tmp_path, s3_endp
     assert "completed tiny: step 6" in res.stdout
     assert "backup failed for 1 checkpoint(s), last: step_00000006" in res.stdout
     status = json.loads((run_dir / "status.json").read_text())
-    assert status["state"] == "completed" and status["backup"] is None
+    assert status["state"] == "COMPLETED" and status["backup"] is None
     assert status["backup_error"] and "no-such-bucket-ct" in status["backup_error"]
     assert "\n" not in status["backup_error"]

@@ -13,6 +13,9 @@ import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from clustertrain.rundir import RunPaths
+from clustertrain.runstate import read_status
+from clustertrain.states import State
 from clustertrain.train.checkpoint import find_latest, is_complete
 
 from tests.support.training import clustertrain, kill_all, metrics, processes_mentioning, run_cli, wait_for
@@ -71,9 +74,13 @@ def test_bit_identical_resume_after_graceful_stop(tiny_project, tmp_path):
     stopped_at = max(r["step"] for r in metrics(resumed))
     assert 8 <= stopped_at < 24
     assert f"stopped tiny at step {stopped_at}; checkpoint saved to" in out
+    status = read_status(RunPaths(resumed))
+    assert (status.state, status.step) == (State.STOPPED, stopped_at)
+    assert not (resumed / "COMPLETED").exists()  # the batch script would requeue
     res = run_cli("run", str(project), "--run-dir", str(resumed))
     assert res.returncode == 0, res.stdout
     assert f"(step {stopped_at})" in res.stdout
+    assert read_status(RunPaths(resumed)).state == State.COMPLETED and (resumed / "COMPLETED").is_file()
 
     a, b = metrics(straight), metrics(resumed)
     assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(1, 25))
@@ -111,10 +118,9 @@ def test_sigkill_inside_checkpoint_save_never_breaks_latest(tiny_project, tmp_pa
 
 def test_failing_worker_stops_the_run_and_names_the_rank(tiny_project, tmp_path):
     project = tiny_project(steps=200, ckpt=100)
-    start = time.time()
     run_dir = tmp_path / "run"
-    res = run_cli("run", str(project), "--run-dir", str(run_dir), env={"CLUSTERTRAIN_INJECT_FAILURE": "1:5"}, timeout=60)
-    assert time.time() - start < 30
+    # a run left hanging (rank 0 blocked in a collective) raises TimeoutExpired; no wall-clock race on 2 shared cores
+    res = run_cli("run", str(project), "--run-dir", str(run_dir), env={"CLUSTERTRAIN_INJECT_FAILURE": "1:5"}, timeout=180)
     assert res.returncode == 1
     assert "rank 1 exited with code 1" in res.stdout
     assert "injected failure at step 5" in res.stdout

@@ -10,6 +10,7 @@ from clustertrain.launch.jobs import JobRecord, add_record, find_record, read_re
 from clustertrain.launch.slurm import to_job_status
 from clustertrain.launch.slurm_query import JobState
 from clustertrain.rundir import RunPaths
+from clustertrain.runstate import RunStatus
 
 
 def record(job_id: str) -> JobRecord:
@@ -46,7 +47,7 @@ def test_reading_tolerates_new_fields_and_damaged_lines(tmp_path):
     ("TIMEOUT", None, "FAILED"), ("NODE_FAIL", None, "FAILED"), ("OUT_OF_MEMORY", None, "FAILED"),
 ])
 def test_slurm_states_map_to_job_status(slurm, run_state, mapped):
-    status = to_job_status(JobState("5", "p-m", slurm, reason="Resources"), {"state": run_state} if run_state else None)
+    status = to_job_status(JobState("5", "p-m", slurm, reason="Resources"), RunStatus(state=run_state) if run_state else None)
     assert (status.state, status.extra["slurm_state"], status.detail) == (mapped, slurm, f"{slurm} (Resources)")
     assert status.finished == (mapped not in ("PENDING", "RUNNING"))
 

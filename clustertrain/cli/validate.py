@@ -5,15 +5,36 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 from pydantic import ValidationError
 
-from clustertrain.cli.common import user_errors
+from clustertrain.cli.common import command_group
+from clustertrain.errors import ClusterTrainError
 
-app = typer.Typer(help="Validate a cluster: environment scans, NCCL/gloo collectives, storage, benchmark logs.",
-                  no_args_is_help=True)
+app = command_group("Validate a cluster: environment scans, NCCL/gloo collectives, storage, benchmark logs.")
+
+
+def _option_error(err: ValidationError, error: type[ClusterTrainError],
+                  options: dict[str, str] | None = None) -> ClusterTrainError:
+    """A model built from options failed: one line naming the option (``--max-bytes: ...``); ``options`` maps a
+    field to its option where the names differ."""
+    first = err.errors()[0]
+    field = str(first["loc"][-1]) if first["loc"] else ""
+    option = (options or {}).get(field, field.replace("_", "-"))
+    return error(f"--{option}: {first['msg'].removeprefix('Value error, ')}")
+
+
+def _refuse_with_config(ctx: typer.Context, config: Path | None, options: tuple[str, ...]) -> None:
+    """``--config FILE`` holds the whole spec: an option of it given too is a mistake, not silently ignored."""
+    sources = {o: ctx.get_parameter_source(o) for o in options}  # typer's own click: compare by the enum's name
+    given = [o for o, src in sources.items() if src is not None and src.name not in ("DEFAULT", "DEFAULT_MAP")]
+    if config is not None and given:
+        from clustertrain.validate import ValidateError
+
+        raise ValidateError(f"--config {config}: the file holds the whole spec; drop --{given[0].replace('_', '-')} "
+                            "(or drop --config and give options)")
 
 
 @app.command()
@@ -26,14 +47,17 @@ def scan(
     """Check this node against the requirements table; exit 1 when a check fails."""
     from clustertrain.validate import load_requirements, scan as do_scan, scan_table
 
-    with user_errors():
-        report = do_scan(role, instance_type, load_requirements(requirements))
+    report = do_scan(role, instance_type, load_requirements(requirements))
     typer.echo(report.model_dump_json(indent=2) if json_out else scan_table(report))
     raise typer.Exit(1 if report.failed else 0)
 
 
+COLLECTIVES_OPTIONS = ("ops", "min_bytes", "max_bytes", "factor", "iters", "warmup", "nproc", "timeout", "backend", "fault")
+
+
 @app.command()
 def collectives(
+    ctx: typer.Context,
     ops: Annotated[str, typer.Option(help="Comma-separated collectives.")] = "all_reduce,all_gather,broadcast,reduce,reduce_scatter,alltoall",
     min_bytes: Annotated[str, typer.Option(help="Smallest size: 8, 1K, 4M, 4G.")] = "8",
     max_bytes: Annotated[str | None, typer.Option(
@@ -45,30 +69,34 @@ def collectives(
     timeout: Annotated[float, typer.Option(help="Per-operation timeout, seconds.")] = 60.0,
     backend: Annotated[str | None, typer.Option(help="nccl or gloo (default: nccl if CUDA).")] = None,
     fault: Annotated[str | None, typer.Option(help="Self-test fault: hang|corrupt|exit:RANK:OP or absent:RANK.")] = None,
+    config: Annotated[Path | None, typer.Option(help="The whole spec as a YAML/JSON file (CollectivesConfig keys: ops, "
+                                                     "min_bytes, max_bytes, ...), instead of the options above.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     csv_file: Annotated[Path | None, typer.Option("--csv", help="Also write CSV rows to this file.")] = None,
 ) -> None:
     """Benchmark collectives with correctness checks; exit 1 when any op fails or hangs."""
+    from clustertrain.rundir import write_atomic
+    from clustertrain.schema import load_yaml_model
     from clustertrain.validate import (
         CollectivesConfig, ValidateError, collectives_csv, collectives_table, job_env, parse_size, run_collectives,
     )
 
-    with user_errors():
+    _refuse_with_config(ctx, config, COLLECTIVES_OPTIONS)
+    if config is not None:
+        spec = load_yaml_model(config, CollectivesConfig, error=ValidateError)
+    else:
         try:
             spec = CollectivesConfig(ops=[o.strip() for o in ops.split(",") if o.strip()], min_bytes=parse_size(min_bytes),
-                                     max_bytes=parse_size(max_bytes) if max_bytes else None, factor=factor, iters=iters, warmup=warmup,
-                                     timeout_s=timeout, backend=backend, nproc=nproc, fault=fault)
+                                     max_bytes=parse_size(max_bytes) if max_bytes else None, factor=factor, iters=iters,
+                                     warmup=warmup, timeout_s=timeout, backend=backend, nproc=nproc, fault=fault)
         except ValidationError as e:
-            err = e.errors()[0]
-            raise ValidateError(f"--{'-'.join(str(x) for x in err['loc'])}: {err['msg'].removeprefix('Value error, ')}") from None
-        run = run_collectives(spec)
-        env = job_env()
+            raise _option_error(e, ValidateError, {"timeout_s": "timeout"}) from None
+    run = run_collectives(spec)
+    env = job_env()
     if env is None or env.rank == 0:
         typer.echo(run.model_dump_json(indent=2) if json_out else collectives_table(run))
         if csv_file:
-            tmp = csv_file.with_name(csv_file.name + ".tmp")
-            tmp.write_text(collectives_csv(run))
-            os.replace(tmp, csv_file)
+            write_atomic(csv_file, collectives_csv(run))
     sys.stdout.flush()
     code = 1 if run.failed else 0
     if env is not None:
@@ -88,14 +116,13 @@ def parse(
     """Parse a benchmark log (tool detected from the content); exit 1 when it shows a failure."""
     from clustertrain.validate import collectives_table, parse_output_file, storage_table, transport_rows
 
-    with user_errors():
-        run = parse_output_file(file)
-        if expect_efa and run.kind == "collectives":
-            for row in transport_rows([file.read_text(errors="replace")], backend="nccl", efa_expected=True,
-                                      instance_type=instance_type):
-                if row.verdict == "fail":
-                    run.problems.append(f"{row.check}: {row.found}; {row.detail}")
-                    run.failed = True
+    run = parse_output_file(file)
+    if expect_efa and run.kind == "collectives":
+        for row in transport_rows([file.read_text(errors="replace")], backend="nccl", efa_expected=True,
+                                  instance_type=instance_type):
+            if row.verdict == "fail":
+                run.problems.append(f"{row.check}: {row.found}; {row.detail}")
+                run.failed = True
     if json_out:
         typer.echo(run.model_dump_json(indent=2))
     else:
@@ -103,29 +130,41 @@ def parse(
     raise typer.Exit(1 if run.failed else 0)
 
 
+Engine = Literal["auto", "fio", "python"]  # clustertrain.validate.storagebench.StorageBenchConfig.engine
+Cache = Literal["auto", "direct", "drop", "buffered"]  # StorageBenchConfig.cache
+
+
 @app.command()
 def storage(
+    ctx: typer.Context,
     paths: Annotated[list[Path], typer.Argument(help="Directories on the mounts to benchmark.")],
     size: Annotated[str, typer.Option(help="Data written then read per path: 64M, 1G...")] = "256M",
     files: Annotated[int, typer.Option(help="Files for the metadata rates.")] = 1000,
-    engine: Annotated[str, typer.Option(help="auto (fio if installed), fio or python.")] = "auto",
-    cache: Annotated[str, typer.Option(help="Keep the page cache out: auto (O_DIRECT, else drop caches, else a file "
+    engine: Annotated[Engine, typer.Option(help="auto (fio if installed), fio or python.")] = "auto",
+    cache: Annotated[Cache, typer.Option(help="Keep the page cache out: auto (O_DIRECT, else drop caches, else a file "
                                             "larger than RAM, else none), direct, drop or buffered.")] = "auto",
+    config: Annotated[Path | None, typer.Option(help="The whole spec as a YAML/JSON file (StorageBenchConfig keys: "
+                                                     "size_mib, files, engine, cache, ...), instead of the options above.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Sequential write/read throughput and create/stat/unlink rates per path; exit 1 on failure."""
+    from clustertrain.schema import load_yaml_model
     from clustertrain.validate import StorageBenchConfig, ValidateError, parse_size, run_storage_bench, storage_table
 
-    with user_errors():
-        if engine not in ("auto", "fio", "python"):
-            raise ValidateError(f"--engine {engine!r} is unknown; valid engines are: auto, fio, python")
-        if cache not in ("auto", "direct", "drop", "buffered"):
-            raise ValidateError(f"--cache {cache!r} is unknown; valid values are: auto, direct, drop, buffered")
+    _refuse_with_config(ctx, config, ("size", "files", "engine", "cache"))
+    if config is not None:
+        cfg = load_yaml_model(config, StorageBenchConfig, error=ValidateError)
+    else:
         cfg = StorageBenchConfig(size_mib=max(parse_size(size) // (1024 * 1024), 1), files=files, engine=engine,
                                  cache=cache)  # type: ignore[arg-type]
-        run = run_storage_bench(list(paths), cfg)
+    run = run_storage_bench(list(paths), cfg)
     typer.echo(run.model_dump_json(indent=2) if json_out else storage_table(run))
     raise typer.Exit(1 if run.failed else 0)
+
+
+#: suite option of each SuiteConfig / CollectivesConfig / StorageBenchConfig field, for error lines
+SUITE_OPTIONS = {"job_timeout_s": "timeout", "start_timeout_s": "start-timeout", "timeout_s": "op-timeout",
+                 "fault": "inject-fault", "size_mib": "storage-size", "files": "storage-files"}
 
 
 @app.command()
@@ -143,55 +182,51 @@ def suite(
     op_timeout: Annotated[float, typer.Option(help="Per-operation (and rendezvous) timeout of the collectives, s.")] = 60.0,
     storage_size: Annotated[str, typer.Option(help="Data written then read per mount: 64M, 1G...")] = "256M",
     storage_files: Annotated[int, typer.Option(help="Files for the metadata rates.")] = 1000,
-    engine: Annotated[str, typer.Option(help="Storage engine: auto, fio or python.")] = "auto",
+    engine: Annotated[Engine, typer.Option(help="Storage engine: auto, fio or python.")] = "auto",
     thresholds: Annotated[Path | None, typer.Option(help="Thresholds YAML (default: the bundled table).")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override a project key: KEY=VALUE.")] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the batch scripts; submit nothing.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the config files and batch scripts; submit nothing.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     inject_fault: Annotated[str | None, typer.Option(hidden=True, help="Rehearsal only: collectives fault, e.g. absent:1.")] = None,
 ) -> None:
     """Run smoke, GPU/EFA, collectives and storage checks as Slurm jobs; one report; exit 1 when a check fails."""
     from clustertrain.check import require_clean
-    from clustertrain.launch.slurm import SlurmLauncher
+    from clustertrain.launch.batch import partition_nodes
     from clustertrain.project import load_project
     from clustertrain.validate import CollectivesConfig, StorageBenchConfig, ValidateError, parse_size
     from clustertrain.validate import suite as s
 
-    with user_errors():
-        project = load_project(project_file, set_ or [])
-        if not dry_run:  # the preflight first: nothing is planned, written or submitted for a project it refuses
-            require_clean(project, "validate suite")
-        if engine not in ("auto", "fio", "python"):
-            raise ValidateError(f"--engine {engine!r} is unknown; valid engines are: auto, fio, python")
-        table = s.load_thresholds(thresholds)
-        cl = project.cluster
-        top = parse_size(max_bytes) if max_bytes else s.default_max_bytes(
-            table, s.thresholds_key(table, cl.instance_type, cl.gpus_per_node), cl.gpus_per_node, parse_size(min_bytes))
-        launcher = SlurmLauncher(launch=project.launch)
-        count = s.resolve_nodes(nodes, project, s.partition_nodes(launcher.env, project.cluster.partition))
-        try:
-            cfg = s.SuiteConfig(
-                nodes=count, job_timeout_s=timeout, start_timeout_s=start_timeout,
-                collectives=CollectivesConfig(ops=[o.strip() for o in ops.split(",") if o.strip()],
-                                              min_bytes=parse_size(min_bytes), max_bytes=top,
-                                              iters=iters, warmup=warmup, timeout_s=op_timeout, fault=inject_fault),
-                storage=StorageBenchConfig(size_mib=max(parse_size(storage_size) // (1 << 20), 1), files=storage_files,
-                                           engine=engine))
-        except ValidationError as e:
-            err = e.errors()[0]
-            raise ValidateError(f"--{'-'.join(str(x) for x in err['loc'][-1:])}: "
-                                f"{err['msg'].removeprefix('Value error, ')}") from None
-        cfg.collectives.sizes()
-        if dry_run:
-            paths = s.SuitePaths(s.validation_base(project) / "DRY-RUN")
-            jobs, skipped = s.plan_suite(project, cfg, paths, table)
-            for job in jobs:
-                typer.echo(f"# ---- {job.name}: {paths.script(job.name)}\n{s.render_job(job, paths)}")
-            for name in skipped:
-                typer.echo(f"# ---- {name}: not applicable: gpus_per_node={project.cluster.gpus_per_node}")
-            require_clean(project, "validate suite")  # a dry run shows the scripts, then whether they would be refused
-            raise typer.Exit(0)
-        report = s.run_suite(project, cfg, launcher, thresholds=table)
+    project = load_project(project_file, set_ or [])
+    if not dry_run:  # the preflight first: nothing is planned, written or submitted for a project it refuses
+        require_clean(project, "validate suite")
+    table = s.load_thresholds(thresholds)
+    cl = project.cluster
+    top = parse_size(max_bytes) if max_bytes else s.default_max_bytes(
+        table, s.thresholds_key(table, cl.instance_type, cl.gpus_per_node), cl.gpus_per_node, parse_size(min_bytes))
+    count = s.resolve_nodes(nodes, project, partition_nodes(cl.partition))
+    try:
+        cfg = s.SuiteConfig(
+            nodes=count, job_timeout_s=timeout, start_timeout_s=start_timeout,
+            collectives=CollectivesConfig(ops=[o.strip() for o in ops.split(",") if o.strip()],
+                                          min_bytes=parse_size(min_bytes), max_bytes=top,
+                                          iters=iters, warmup=warmup, timeout_s=op_timeout, fault=inject_fault),
+            storage=StorageBenchConfig(size_mib=max(parse_size(storage_size) // (1 << 20), 1), files=storage_files,
+                                       engine=engine))  # type: ignore[arg-type]
+    except ValidationError as e:
+        raise _option_error(e, ValidateError, SUITE_OPTIONS) from None
+    cfg.collectives.sizes()  # type: ignore[union-attr]
+    if dry_run:
+        paths = s.SuitePaths(s.validation_base(project) / "DRY-RUN")
+        jobs, skipped = s.plan_suite(project, cfg, paths, table)
+        for path, text in dict(f for job in jobs for f in job.files).items():
+            typer.echo(f"# ---- config: {path}\n{text}")
+        for job in jobs:
+            typer.echo(f"# ---- {job.name}: {paths.script(job.name)}\n{s.render_job(job, paths)}")
+        for name, reason in skipped.items():
+            typer.echo(f"# ---- {name}: {reason}")
+        require_clean(project, "validate suite")  # a dry run shows the scripts, then whether they would be refused
+        raise typer.Exit(0)
+    report = s.run_suite(project, cfg, thresholds=table)
     if json_out:
         typer.echo(report.model_dump_json(indent=2))
     else:

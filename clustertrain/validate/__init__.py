@@ -9,6 +9,10 @@ Public API:
     transport_rows(nccl_logs, backend=, efa_expected=, instance_type=) -> [CheckRow]  (the transport verdict)
     parse_nccl_tests, detect_transport, nccl_processes, parse_ior, parse_mdtest, parse_fio_json,
     parse_nvidia_smi_csv, parse_fi_info, parse_size, bus_factor
+
+The suite as Slurm jobs is :mod:`clustertrain.validate.suite` (``run_suite``, ``plan_suite``, ``SuiteConfig``,
+``SuiteReport``), one unit per check in :mod:`clustertrain.validate.suite_checks`; it is not imported here, so
+that the job-side commands (``validate scan/collectives/storage`` on compute nodes) do not load the launch stage.
 """
 
 from clustertrain.validate.collectives import CollectivesConfig, job_env, run_collectives

@@ -2,21 +2,22 @@
 
 A :class:`CheckRow` is what every rule of the suite returns (thresholds, transport, version rules,
 storage): job, check, verdict, what was found, what was required and why. ``report.json``
-(:class:`~clustertrain.validate.suite.SuiteReport`) stores a list of them.
+(:class:`~clustertrain.validate.suitedir.SuiteReport`) stores a list of them.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from clustertrain.schema import StoredModel
 
 Verdict = Literal["pass", "warn", "fail", "not-applicable"]
 _RANK = {"not-applicable": 0, "pass": 1, "warn": 2, "fail": 3}
 
 
-class CheckRow(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class CheckRow(StoredModel):
     job: str = Field(description="Suite job (smoke, gpu-efa, collectives, storage-K).")
     check: str = Field(description="What was checked.")
     verdict: Verdict = Field(description="pass / warn / fail / not-applicable.")

@@ -15,6 +15,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
+import psutil
+
 # --------------------------------------------------------------------------- pure parsers
 
 
@@ -185,15 +187,11 @@ def probe_command_version(cmds: list[list[str]]) -> Finding:
 
 
 def probe_mounts(candidates: list[str]) -> Finding:
-    """Which candidate paths are mounted (from /proc/mounts) and their size/free space (``df``)."""
-    mounts: dict[str, str] = {}
+    """Which candidate paths are mounted (the mount table, through psutil) and their size/free space."""
     try:
-        for line in open("/proc/mounts"):
-            parts = line.split()
-            if len(parts) >= 3:
-                mounts[parts[1]] = parts[2]
+        mounts = {p.mountpoint: p.fstype for p in psutil.disk_partitions(all=True)}
     except OSError:
-        pass
+        mounts = {}
     seen = []
     for pat in candidates:
         for path in sorted(glob.glob(pat)) or []:

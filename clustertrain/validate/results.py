@@ -24,9 +24,10 @@ import io
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from clustertrain.errors import ClusterTrainError
+from clustertrain.schema import StoredModel
 
 FORMAT_VERSION = 1
 
@@ -36,12 +37,6 @@ ALL_OPS: tuple[str, ...] = ("all_reduce", "all_gather", "broadcast", "reduce", "
 
 class ValidateError(ClusterTrainError):
     """A validation input (file, size argument, op name, requirements table) is wrong."""
-
-
-class _Stored(BaseModel):
-    """Stored state: tolerate fields that a newer version added."""
-
-    model_config = ConfigDict(extra="ignore")
 
 
 def bus_factor(op: str, nranks: int) -> float:
@@ -56,7 +51,7 @@ def bus_factor(op: str, nranks: int) -> float:
     raise ValidateError(f"unknown collective {op!r}; valid ops are: {', '.join(ALL_OPS)}")
 
 
-class CollectiveRow(_Stored):
+class CollectiveRow(StoredModel):
     """One message size of one collective. ``wrong`` is None when the tool did not check (``N/A``)."""
 
     size_bytes: int = Field(description="Message size in bytes as nccl-tests counts it (the whole buffer).")
@@ -75,7 +70,7 @@ class CollectiveRow(_Stored):
     error: str | None = Field(default=None, description="Why this size failed (timeout, wrong result...), if it did.")
 
 
-class CollectiveReport(_Stored):
+class CollectiveReport(StoredModel):
     """One collective over a range of sizes."""
 
     op: str = Field(description="Collective name (all_reduce, ...) or 'unknown' when a log does not say.")
@@ -94,7 +89,7 @@ class CollectiveReport(_Stored):
         return max(vals) if vals else None
 
 
-class CollectiveRun(_Stored):
+class CollectiveRun(StoredModel):
     """A whole collectives benchmark or nccl-tests log."""
 
     format_version: int = Field(default=FORMAT_VERSION, description="Version of this JSON layout.")
@@ -125,7 +120,7 @@ class CollectiveRun(_Stored):
         return self
 
 
-class StorageResult(_Stored):
+class StorageResult(StoredModel):
     """Throughput and metadata rates for one target (mount point, test file or fio job)."""
 
     target: str = Field(description="Mount point, test path or job name this result is for.")
@@ -147,7 +142,7 @@ class StorageResult(_Stored):
     notes: list[str] = Field(default_factory=list, description="How the figures were obtained.")
 
 
-class StorageRun(_Stored):
+class StorageRun(StoredModel):
     """A storage benchmark or a parsed IOR/mdtest/fio output."""
 
     format_version: int = Field(default=FORMAT_VERSION, description="Version of this JSON layout.")

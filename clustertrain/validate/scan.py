@@ -16,9 +16,10 @@ import os
 from collections.abc import Callable
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from clustertrain.validate import probes
+import clustertrain.validate.probes as probes  # the module, not the package: no import circle with __init__
+from clustertrain.schema import StoredModel
 from clustertrain.validate.probes import Finding, version_at_least
 from clustertrain.validate.requirements import (  # noqa: F401  (re-exported: the table's format lives there)
     DEFAULT_REQUIREMENTS, FamilyConfig, Level, Minimum, MinimumsConfig, RequirementsConfig, Role, family_entry,
@@ -30,8 +31,7 @@ Status = Literal["pass", "warn", "fail", "not-applicable"]
 ROLES = ("head", "compute", "container")
 
 
-class CheckResult(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class CheckResult(StoredModel):
     name: str = Field(description="Check name (gpu, cuda_driver, efa, ...).")
     status: Status = Field(description="pass / warn / fail / not-applicable.")
     found: str = Field(description="What the source said, or 'not found'.")
@@ -39,8 +39,7 @@ class CheckResult(BaseModel):
     detail: str = Field(default="", description="Where it was read and why the status.")
 
 
-class ScanReport(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class ScanReport(StoredModel):
     role: Role = Field(description="Node role scanned.")
     instance_type: str | None = Field(description="Instance type (from DMI or the caller), None if unknown.")
     family: str = Field(description="Requirements family used.")

@@ -29,16 +29,19 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+import psutil
+from pydantic import Field
 
+from clustertrain.schema import StrictModel
 from clustertrain.validate.results import StorageResult, StorageRun, ValidateError
 from clustertrain.validate.storageparse import load_json_output, parse_fio_json
 
 _MIB = 1024 * 1024
 
 
-class StorageBenchConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class StorageBenchConfig(StrictModel):
+    """How each target is benchmarked (``validate storage`` options, or its ``--config`` file)."""
+
     size_mib: int = Field(default=256, ge=1, description="Bytes written then read per target, MiB.")
     block_kib: int = Field(default=1024, ge=4, description="I/O block size, KiB.")
     files: int = Field(default=1000, ge=1, description="Files created/stat'ed/unlinked for the metadata rates.")
@@ -72,13 +75,11 @@ def supports_direct(directory: Path) -> bool:
 
 
 def memory_bytes() -> int | None:
+    """The node's memory in bytes; None when it cannot be read."""
     try:
-        for line in open("/proc/meminfo"):
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+        return int(psutil.virtual_memory().total) or None
+    except (OSError, RuntimeError):
+        return None
 
 
 def cache_method(requested: str, direct_ok: bool, can_drop: bool, size_bytes: int, mem_bytes: int | None) -> str:
@@ -103,15 +104,16 @@ def _drop_caches() -> None:
 
 
 def _mount_of(path: Path) -> tuple[str | None, str | None]:
+    """The mount point holding ``path`` (the longest that is a prefix) and its file system type."""
     best, fstype = "", None
     try:
-        for line in open("/proc/mounts"):
-            parts = line.split()
-            if len(parts) >= 3 and (str(path) == parts[1] or str(path).startswith(parts[1].rstrip("/") + "/")) \
-                    and len(parts[1]) >= len(best):
-                best, fstype = parts[1], parts[2]
+        parts = psutil.disk_partitions(all=True)
     except OSError:
-        pass
+        return None, None
+    for part in parts:
+        mp = part.mountpoint
+        if (str(path) == mp or str(path).startswith(mp.rstrip("/") + "/")) and len(mp) >= len(best):
+            best, fstype = mp, part.fstype
     return best or None, fstype
 
 

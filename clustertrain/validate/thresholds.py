@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field
 
+from clustertrain.schema import StrictModel, load_yaml_model
 from clustertrain.validate.checks import CheckRow
 from clustertrain.validate.results import CollectiveRun, ValidateError, format_size, parse_size
 
@@ -31,28 +31,24 @@ GPU_SWEEP_MIN_BYTES = 1 << 30  # published p5/p5e nccl-tests bands start at 1 Gi
 CPU_SWEEP_MAX_BYTES = 1 << 20  # gloo on CPU: correctness only, a quick local run
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class BandConfig(_Strict):
+class BandConfig(StrictModel):
     min_bytes: int | str = Field(description="Band applies to message sizes >= this (8, 1K, 4M, 1G).")
     warn_below_gbps: float = Field(ge=0, description="Peak busbw below this (GB/s) -> warn.")
     fail_below_gbps: float = Field(ge=0, description="Peak busbw below this (GB/s) -> fail.")
     min_nodes: int = Field(2, ge=1, description="The band applies to runs over at least this many nodes.")
 
 
-class InstanceThresholdsConfig(_Strict):
+class InstanceThresholdsConfig(StrictModel):
     note: str = Field("", description="Where the numbers come from.")
     collectives: dict[str, BandConfig] = Field(default_factory=dict, description="Per op: busbw band.")
 
 
-class FsxThresholdConfig(_Strict):
+class FsxThresholdConfig(StrictModel):
     min_fraction: float = Field(gt=0, le=1, description="Required share of the expected single-client throughput.")
     client_cap_mib_s: float = Field(gt=0, description="Most one client draws in the bench, MiB/s.")
 
 
-class ThresholdsConfig(_Strict):
+class ThresholdsConfig(StrictModel):
     """``thresholds.yaml``."""
 
     version: int = Field(description="Table format version (1).")
@@ -61,17 +57,9 @@ class ThresholdsConfig(_Strict):
 
 
 def load_thresholds(path: str | Path | None = None) -> ThresholdsConfig:
-    p = Path(path) if path else DEFAULT_THRESHOLDS
-    try:
-        return ThresholdsConfig.model_validate(yaml.safe_load(p.read_text()))
-    except OSError as e:
-        raise ValidateError(f"{p}: cannot read thresholds ({e.strerror})") from None
-    except yaml.YAMLError as e:
-        raise ValidateError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
-    except ValidationError as e:
-        err = e.errors()[0]
-        raise ValidateError(f"{p}: {'.'.join(map(str, err['loc']))}: {err['msg']}; see "
-                            "clustertrain/validate/thresholds.yaml for the layout") from None
+    """``thresholds.yaml`` (the bundled table without ``path``); a mistake is one line naming ``file:line`` and
+    the key (:func:`clustertrain.schema.load_yaml_model`)."""
+    return load_yaml_model(Path(path) if path else DEFAULT_THRESHOLDS, ThresholdsConfig, error=ValidateError)
 
 
 def thresholds_key(table: ThresholdsConfig, instance_type: str | None, gpus_per_node: int) -> str:

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from clustertrain.launch.slurm import SlurmLauncher
 from clustertrain.launch.slurm_query import query_job
 from clustertrain.project import load_project
 from clustertrain.validate import CollectivesConfig
@@ -64,6 +63,9 @@ def test_suite_on_two_nodes_passes_with_a_report(local_slurm, tmp_path):
     report = json.loads(proc.stdout)
     [written] = list((root / "vs" / "validation").glob("*/report.json"))  # the layout's outputs base
     assert json.loads(written.read_text()) == report and report["directory"] == str(written.parent)
+    # each check's config went to its job as a file that the job's step read (--config)
+    assert json.loads((written.parent / "config" / "collectives.json").read_text())["backend"] == "gloo"
+    assert json.loads((written.parent / "config" / "storage.json").read_text())["size_mib"] == 4
     assert report["failed"] is False and report["thresholds"] == "cpu" and report["nodes"] == 2
     assert [j["name"] for j in report["jobs"]] == ["smoke", "gpu-efa", "collectives", "storage-1"]
     smoke = verdicts(report, "smoke")
@@ -114,7 +116,7 @@ def test_hung_collectives_job_is_cancelled_at_its_limit(local_slurm, tmp_path):
                                                     timeout_s=300, fault="hang:1:all_reduce"),
                       storage=StorageBenchConfig(size_mib=1, files=10))
     started = time.monotonic()
-    report = run_suite(project, cfg, SlurmLauncher(env=local_slurm.env(), launch=project.launch))
+    report = run_suite(project, cfg, local_slurm.env())
     assert time.monotonic() - started < 45
     assert report.failed and SuiteReport.model_validate_json(Path(report.directory, "report.json").read_text()) == report
     [job] = [j for j in report.jobs if j.name == "collectives"]

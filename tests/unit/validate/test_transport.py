@@ -11,7 +11,7 @@ from pathlib import Path
 
 from clustertrain.project import load_project
 from clustertrain.validate import CollectiveRun, parse_output_file
-from clustertrain.validate.suite import JobOutcome, SuiteConfig, SuitePaths, gather, load_thresholds, plan_suite
+from clustertrain.validate.suite import JobOutcome, SuiteConfig, SuitePaths, gather, plan_suite, suite_context
 from clustertrain.validate.transport import detect_transport, nccl_processes, transport_rows
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -102,10 +102,11 @@ def test_suite_reads_the_nccl_logs_its_collectives_job_leaves(tmp_path):
     for i, text in enumerate(efa_logs(15) + [SOCKET_LOG]):
         (coll.results_dir / f"nccl-host-{i}.log").write_text(text)
     outcome = JobOutcome(name="collectives", job_id="7", state="COMPLETED", exit_code=0)
-    table = load_thresholds()
-    rows = {r.check: r for r in gather(coll, outcome, [], project, SuiteConfig(nodes=2), table, "p5e", paths)}
+    ctx = suite_context(project, SuiteConfig(nodes=2), paths)
+    assert ctx.key == "p5e"
+    rows = {r.check: r for r in gather(coll, outcome, [], ctx)}
     assert rows["transport"].verdict == "fail" and rows["transport"].found == "Socket on 1/16 process(es)"
     assert rows["all_reduce busbw"].verdict == "pass"  # bandwidth alone would have passed this cluster
     (coll.results_dir / "nccl-host-15.log").write_text(efa_logs(16)[15])
-    rows = {r.check: r for r in gather(coll, outcome, [], project, SuiteConfig(nodes=2), table, "p5e", paths)}
+    rows = {r.check: r for r in gather(coll, outcome, [], ctx)}
     assert rows["transport"].verdict == "pass"

@@ -1,0 +1,163 @@
+"""One job of the validation suite as a value, and what every check unit shares.
+
+A check unit (:mod:`clustertrain.validate.suite_checks`) plans its jobs as :class:`SuiteJob` values from a
+:class:`SuiteContext` (the project, :class:`SuiteConfig`, the suite's paths, the thresholds entry) and
+judges what they left. This module holds those values, :func:`new_job` (a job with the project's Slurm
+settings), :func:`srun_step` (one ``srun`` argv whose output lands in the job's results directory),
+:func:`render_job` (the batch script, ``launch/templates/validate.sh.j2`` through
+:mod:`clustertrain.templating`) and :func:`job_rows` (the ``job`` row every job gets).
+
+Quoting: ``#SBATCH`` values go through :func:`~clustertrain.launch.sbatch.sbatch_quote` (filter ``sq``),
+everything in the shell body through ``shlex.quote`` (filter ``q``); ``%`` in a Slurm file name is written
+``%%``; newlines, CR and NUL are refused (:func:`~clustertrain.launch.sbatch.check_renderable`).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from pydantic import Field
+
+from clustertrain import __version__, templating
+from clustertrain.errors import LaunchError
+from clustertrain.launch.config import ENV_NAME_RE
+from clustertrain.launch.presets import RankEnvironment
+from clustertrain.launch.sbatch import TEMPLATES, check_renderable, sbatch_quote, slurm_filename
+from clustertrain.project import Project
+from clustertrain.ranks import batch_lines
+from clustertrain.schema import StrictModel
+from clustertrain.states import State
+from clustertrain.validate.checks import CheckRow
+from clustertrain.validate.collectives_config import CollectivesConfig
+from clustertrain.validate.storagebench import StorageBenchConfig
+from clustertrain.validate.suitedir import JobOutcome, SuitePaths, read_text
+from clustertrain.validate.thresholds import ThresholdsConfig
+
+TEMPLATE = "validate.sh.j2"
+
+
+class SuiteConfig(StrictModel):
+    """How the suite runs (the CLI fills it from options)."""
+
+    nodes: int = Field(2, ge=1, description="Nodes of each multi-node job (smoke, gpu-efa, collectives).")
+    job_timeout_s: float = Field(600, gt=0, description="A job still running this long after it started is cancelled: fail.")
+    start_timeout_s: float = Field(600, gt=0, description="A job still pending this long after submission is cancelled: fail.")
+    collectives: CollectivesConfig | None = Field(
+        None, description="Collectives benchmark (fault: rehearsal only); None: the project's default sweep "
+                          "(default_collectives: up to the bandwidth bands on GPUs, 1 MiB on CPU).")
+    storage: StorageBenchConfig = Field(default_factory=StorageBenchConfig, description="Storage bench per mount.")
+    python: str = Field(default_factory=lambda: sys.executable, description="Python on the nodes.")
+
+
+@dataclass(frozen=True)
+class SuiteContext:
+    """What a check unit plans and judges with. ``cfg.collectives`` is always set (the default sweep filled in);
+    ``key``: the thresholds.yaml entry of the project."""
+
+    project: Project
+    cfg: SuiteConfig
+    paths: SuitePaths
+    table: ThresholdsConfig
+    key: str
+
+
+@dataclass(frozen=True)
+class SuiteJob:
+    """One batch job of the suite, as a value. ``check``: the unit that planned it and judges it; ``outputs``:
+    result files the steps must leave; ``files``: (path, text) written before submission (its config)."""
+
+    name: str
+    check: str
+    job_name: str
+    project: str
+    nodes: int
+    ntasks_per_node: int
+    steps: tuple[tuple[str, ...], ...]
+    outputs: tuple[Path, ...]
+    results_dir: Path
+    time_limit: str
+    gpus_per_node: int = 0
+    gpu_directive: str = "gpus-per-node"
+    partition: str | None = None
+    exclusive: bool = True
+    env: RankEnvironment = field(default_factory=RankEnvironment)
+    sbatch_args: tuple[str, ...] = ()
+    target: str = ""  # storage jobs: the mount benchmarked
+    files: tuple[tuple[Path, str], ...] = ()
+    submit_command: str = "clustertrain validate suite PROJECT"
+    version: str = __version__
+
+
+def new_job(ctx: SuiteContext, name: str, check: str, *, nodes: int, ntasks_per_node: int,
+            steps: list[list[str]], outputs: list[Path], gpus: bool = True, **extra: object) -> SuiteJob:
+    """A job with the project's Slurm settings (partition, exclusive, sbatch_args, GPU directive) and the
+    suite's time limit; ``gpus``: ask for the project's GPUs per node."""
+    cl, launch = ctx.project.cluster, ctx.project.launch
+    job = SuiteJob(name=name, check=check, job_name=f"{ctx.project.name}-validate-{name}", project=ctx.project.name,
+                   nodes=nodes, ntasks_per_node=ntasks_per_node, steps=tuple(tuple(s) for s in steps),
+                   outputs=tuple(outputs), results_dir=ctx.paths.results(name),
+                   time_limit=str(int(ctx.cfg.job_timeout_s // 60) + 2),  # Slurm's own limit: a backstop behind ours
+                   gpus_per_node=cl.gpus_per_node if gpus else 0, gpu_directive=launch.gpu_directive,
+                   partition=cl.partition, exclusive=launch.exclusive, sbatch_args=tuple(launch.sbatch_args),
+                   **extra)  # type: ignore[arg-type]
+    check_job(job)
+    return job
+
+
+def srun_step(ctx: SuiteContext, nodes: int, per_node: int | None, results: Path, pattern: str,
+              extra: tuple[str, ...] = ()) -> list[str]:
+    """The ``srun`` words of one step (command not included): ``per_node`` tasks per node (None: one task in
+    all), ``--output``/``--error`` to ``results/pattern`` and ``.err``, then ``extra`` and ``launch.srun_args``."""
+    argv = ["srun", f"--nodes={nodes}"]
+    argv += [f"--ntasks-per-node={per_node}"] if per_node else ["--ntasks=1"]
+    stem = slurm_filename(results) + "/" + pattern
+    return [*argv, *extra, *ctx.project.launch.srun_args, f"--output={stem}", f"--error={stem}.err"]
+
+
+def check_job(job: SuiteJob) -> None:
+    """Refuse what no batch script can carry: newlines/CR/NUL in any value, a bad environment variable name."""
+    for f in fields(job):
+        value = getattr(job, f.name)
+        check_renderable(f"{job.name}: {f.name}", [path for path, _ in value] if f.name == "files" else value)
+    for name in [*job.env.set, *job.env.prepend]:
+        if not ENV_NAME_RE.match(name):
+            raise LaunchError(f"{job.name}: environment variable name {name!r} is not valid (letters, digits, '_')")
+
+
+def render_job(job: SuiteJob, paths: SuitePaths) -> str:
+    """The batch script of one suite job."""
+    output = slurm_filename(paths.logs) + "/%x-%j.out"
+    check_renderable("log directory", output)
+    check_job(job)
+    env = templating.environment(TEMPLATES)
+    env.filters.setdefault("sq", lambda v: sbatch_quote(str(v)))
+    return env.get_template(TEMPLATE).render(template=f"clustertrain/launch/templates/{TEMPLATE}", j=job,
+                                             steps=[list(s) for s in job.steps], output=output,
+                                             rank_wiring=batch_lines())
+
+
+def why_missing(job: SuiteJob, outcome: JobOutcome) -> str:
+    """The job's state and the last lines its steps and script printed to stderr: why a result is missing."""
+    errs = [read_text(Path(str(o) + ".err")) or "" for o in job.outputs] + [read_text(Path(outcome.output or "/-")) or ""]
+    lines = [ln for text in errs for ln in text.strip().splitlines() if ln.strip()]
+    return f"job {outcome.state}, exit {outcome.exit_code}: {' | '.join(lines[-2:])[:240]}"
+
+
+def job_rows(job: SuiteJob, outcome: JobOutcome, cfg: SuiteConfig) -> tuple[list[CheckRow], bool]:
+    """The ``job`` row of one job, and whether its results are worth reading (False: cancelled by the suite)."""
+    if outcome.state in (State.TIMEOUT, State.NOT_STARTED) and outcome.slurm_state is None:  # the suite cancelled it
+        limit = cfg.job_timeout_s if outcome.state == State.TIMEOUT else cfg.start_timeout_s
+        what = "still running" if outcome.state == State.TIMEOUT else "still pending"
+        return [CheckRow(job=job.name, check="job", verdict="fail", found=f"{what} after {limit:g}s; cancelled",
+                         threshold=f"ends within {limit:g}s", detail=f"Slurm job {outcome.job_id}")], False
+    slurm = outcome.slurm_state
+    state = outcome.state.value + (f" ({slurm})" if slurm and slurm.split()[0] != outcome.state else "")
+    verdict = "fail" if outcome.state == State.TIMEOUT else "warn" if outcome.state == State.UNKNOWN else "pass"
+    detail = f"Slurm job {outcome.job_id}" + (
+        "; Slurm's time limit ended it" if outcome.state == State.TIMEOUT else
+        "; Slurm no longer knows the job and keeps no record of its end" if outcome.state == State.UNKNOWN else
+        "; a step exited non-zero: the checks below say why" if outcome.exit_code else "")
+    return [CheckRow(job=job.name, check="job", verdict=verdict, found=f"{state}, exit {outcome.exit_code}",
+                     threshold=f"ends within {cfg.job_timeout_s:g}s", detail=detail)], True

@@ -13,18 +13,22 @@
 
 With ``aws.example_ids: true`` (example project files only) ids from the AWS documentation are
 warnings instead of errors. A project without ``aws:`` has no cloud findings.
+
+:func:`validate_file` (``clustertrain cluster validate FILE``) takes either a ParallelCluster config
+(checked by :func:`clustertrain.cloud.validate.validate_cluster_config`) or a project file (this module).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from clustertrain.cloud.pcluster import build_cluster_config
 from clustertrain.cloud.project_rules import project_findings
 from clustertrain.cloud.rules import DOC_ID_MESSAGE
-from clustertrain.cloud.validate import ValidationReport, validate_cluster_config
+from clustertrain.cloud.validate import ValidationReport, is_project, read_cluster_config, validate_cluster_config
 from clustertrain.errors import ClusterTrainError
 from clustertrain.findings import Finding
 
@@ -107,3 +111,14 @@ def cloud_findings(project: "Project", use_schema: bool = True) -> list[Finding]
     """Every cloud finding for ``project`` (see the module docstring); [] without an ``aws:`` section. Never raises for
     a user mistake, makes no network call, writes nothing."""
     return cloud_report(project, use_schema=use_schema).findings
+
+
+def validate_file(path: Path, overrides: list[str] | None = None, use_schema: bool = True) -> ValidationReport:
+    """Validate a ParallelCluster YAML file, or a clustertrain project file (then exactly what
+    :func:`cloud_report` finds: project fields, generated config, one finding per problem)."""
+    raw = read_cluster_config(Path(path))
+    if is_project(raw):
+        from clustertrain.project import load_project  # project.py imports cloud.config: not at import time
+
+        return cloud_report(load_project(path, overrides), use_schema=use_schema)
+    return validate_cluster_config(raw, use_schema=use_schema)

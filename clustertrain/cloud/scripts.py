@@ -1,7 +1,8 @@
 """Node setup scripts rendered from the project (templates in ``cloud/templates/*.sh.j2``).
 
-Every value rendered into shell goes through ``shlex.quote``. Scripts are rendered to memory first
-(:func:`render_node_scripts`), then written file by file with a temp-and-rename
+Every value rendered into shell goes through ``shlex.quote`` (the ``q`` filter of the one Jinja
+environment, :mod:`clustertrain.templating`). Scripts are rendered to memory first
+(:func:`render_node_scripts`), then written file by file with :func:`clustertrain.rundir.write_atomic`
 (:func:`write_node_scripts`), so a bad project never leaves a half-written directory.
 
 Directories on the shared file systems: ``setup-dirs.sh`` creates exactly what the jobs use, as
@@ -11,31 +12,20 @@ holds which kind of data).
 
 from __future__ import annotations
 
-import os
 import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import jinja2
-
 from clustertrain.cloud.pcluster import COMPUTE_SCRIPT, HEAD_SCRIPT, SETUP_DIRS_SCRIPT, dir_owner, require_aws, scripts_uri
 from clustertrain.errors import ConfigError
 from clustertrain.layout import off_mount_problems, project_dirs
+from clustertrain.rundir import write_atomic
+from clustertrain.templating import render
 
 if TYPE_CHECKING:
     from clustertrain.project import Project
 
 TEMPLATES = Path(__file__).with_name("templates")
-
-
-def _env() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True, autoescape=False,
-        comment_start_string="<#--", comment_end_string="--#>",  # bash's ${#ARR[@]} is not a Jinja comment
-    )
-    env.filters["q"] = lambda v: shlex.quote(str(v))
-    return env
 
 
 def model_dirs(project: "Project") -> list[str]:
@@ -55,31 +45,23 @@ def render_node_scripts(project: "Project") -> dict[str, str]:
     """File name -> script text."""
     aws = require_aws(project)
     owner, group = dir_owner(aws)
-    env = _env()
     mounts = sorted(set(aws.layout().values()), key=lambda d: (d.count("/"), d))
     common = {"project": project.name, "timeout": int(aws.shared_dirs.mount_timeout_s)}
     return {
-        SETUP_DIRS_SCRIPT: env.get_template("setup-dirs.sh.j2").render(
-            **common, owner=owner, group=group, mode=aws.shared_dirs.mode, mounts=mounts, dirs=model_dirs(project)),
-        HEAD_SCRIPT: env.get_template("head-node.sh.j2").render(**common, scripts_uri=scripts_uri(project)),
-        COMPUTE_SCRIPT: env.get_template("compute-node.sh.j2").render(**common, local_dir=aws.enroot.local_dir),
+        SETUP_DIRS_SCRIPT: render(TEMPLATES, "setup-dirs.sh.j2", **common, owner=owner, group=group,
+                                  mode=aws.shared_dirs.mode, mounts=mounts, dirs=model_dirs(project)),
+        HEAD_SCRIPT: render(TEMPLATES, "head-node.sh.j2", **common, scripts_uri=scripts_uri(project)),
+        COMPUTE_SCRIPT: render(TEMPLATES, "compute-node.sh.j2", **common, local_dir=aws.enroot.local_dir),
     }
 
 
 def write_node_scripts(scripts: dict[str, str], out_dir: Path) -> list[Path]:
-    """Write each script executable (0755) via temp file + rename; returns the paths."""
+    """Write each script executable (0755), each whole or not at all; returns the paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for name, text in scripts.items():
-        path = out_dir / name
-        tmp = out_dir / f".{name}.tmp-{os.getpid()}"
-        try:
-            tmp.write_text(text, encoding="utf-8")
-            tmp.chmod(0o755)
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
-        written.append(path)
+        write_atomic(out_dir / name, text, mode=0o755)
+        written.append(out_dir / name)
     return written
 
 

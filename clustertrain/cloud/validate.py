@@ -214,15 +214,3 @@ def read_cluster_config(path: Path) -> dict[str, Any]:
 
 def is_project(raw: dict[str, Any]) -> bool:
     return "models" in raw and "HeadNode" not in raw and "Scheduling" not in raw
-
-
-def validate_file(path: Path, overrides: list[str] | None = None, use_schema: bool = True) -> ValidationReport:
-    """Validate a ParallelCluster YAML file, or a clustertrain project file (then exactly what
-    :func:`clustertrain.cloud.preflight.cloud_report` finds: project fields, generated config, one finding per problem)."""
-    raw = read_cluster_config(Path(path))
-    if is_project(raw):
-        from clustertrain.cloud.preflight import cloud_report
-        from clustertrain.project import load_project
-
-        return cloud_report(load_project(path, overrides), use_schema=use_schema)
-    return validate_cluster_config(raw, use_schema=use_schema)

@@ -44,6 +44,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from clustertrain.errors import DataError
+from clustertrain.rundir import fsync_dir
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -284,6 +285,7 @@ class IndexedWriter:
         self._docs.close()
         os.replace(self._bin_tmp, bin_path(self.prefix))
         os.replace(self._idx_tmp, idx_path(self.prefix))
+        fsync_dir(bin_path(self.prefix).parent)  # the renames themselves survive a crash
 
     def abort(self) -> None:
         if not self._bin.closed:

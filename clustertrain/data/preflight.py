@@ -148,7 +148,7 @@ def _source(project: "Project", entry: "ModelEntry", tokenizer: tuple[str, int] 
                               "that URL; or put it on a shared file system")]
     if Path(f"{src}.idx").is_file() or Path(f"{src}.bin").is_file():
         return _prefix(local, tokenizer, where, src)
-    from clustertrain.data.preprocess import resolve_inputs
+    from clustertrain.data.inputs import resolve_inputs
 
     try:
         resolve_inputs(src)

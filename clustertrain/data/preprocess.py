@@ -1,6 +1,7 @@
 """Tokenize text/JSONL corpora into a Megatron indexed dataset ``P.bin`` + ``P.idx`` + ``P.manifest.json``.
 
-Inputs (files or globs; ``.gz`` is gunzipped, ``.zst`` needs the ``zstandard`` module):
+Inputs (files or globs, read by :mod:`clustertrain.data.inputs`; ``.gz`` is gunzipped, ``.zst`` needs the
+``zstandard`` module):
 
 * ``*.jsonl`` / ``*.json`` (optionally ``.gz``/``.zst``): one document per line, the text under
   ``json_key``. Blank lines are ignored.
@@ -35,28 +36,26 @@ Re-running with the same sources (path, size, mtime), tokenizer and options whil
 
 from __future__ import annotations
 
-import glob
-import gzip
 import hashlib
-import io
 import json
 import multiprocessing as mp
 import os
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Iterable, Iterator
+from typing import Iterable
 
 import numpy as np
 
 from clustertrain.data.indexed import IndexedWriter, bin_path, idx_path, token_dtype
+from clustertrain.data.inputs import Block, blocks, parse_block, resolve_inputs
 from clustertrain.data.tokenizers import Tokenizer, encode_many, load_tokenizer
 from clustertrain.errors import DataError
+from clustertrain.rundir import write_atomic
 
 FORMAT = "clustertrain-indexed"
 VERSION = 1
-BLOCK = 1 << 18  # small enough to balance slow (BPE) tokenizers across workers
-JSON_SUFFIXES = (".jsonl", ".json")
+__all__ = ["PreparedDataset", "manifest_path", "prepare_dataset", "read_manifest", "resolve_inputs", "sha256_file"]
 
 
 def manifest_path(prefix: str | os.PathLike) -> Path:
@@ -76,139 +75,6 @@ def read_manifest(prefix: str | os.PathLike) -> dict | None:
     return data
 
 
-def resolve_inputs(inputs: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Path]:
-    """Expand files and globs, in the order given (each glob sorted); DataError when one matches nothing."""
-    items = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
-    files: list[Path] = []
-    for item in items:
-        s = os.fspath(item)
-        matches = sorted(glob.glob(s, recursive=True)) if glob.has_magic(s) else [s]
-        found = [Path(m) for m in matches if Path(m).is_file()]
-        if not found:
-            raise DataError(f"--input {s}: no such file (or the glob matches no files); give .txt/.jsonl[.gz] files")
-        files.extend(found)
-    if not files:
-        raise DataError("--input: no input files given")
-    return files
-
-
-def _is_jsonl(path: Path) -> bool:
-    name = path.name
-    for comp in (".gz", ".zst"):
-        name = name.removesuffix(comp)
-    return name.endswith(JSON_SUFFIXES)
-
-
-def _open_raw(path: Path) -> tuple[IO[bytes], IO[bytes]]:
-    """(compressed file object for progress, decompressed byte stream)."""
-    raw = open(path, "rb")
-    if path.suffix == ".gz":
-        return raw, gzip.GzipFile(fileobj=raw)
-    if path.suffix == ".zst":
-        try:
-            import zstandard
-        except ImportError:
-            raw.close()
-            raise DataError(f"{path}: reading .zst needs the zstandard module; pip install zstandard or decompress the file") from None
-        return raw, zstandard.ZstdDecompressor().stream_reader(raw)
-    return raw, raw
-
-
-@dataclass(frozen=True)
-class _Block:
-    path: str
-    jsonl: bool
-    first_line: int  # 1-based line number of the first line (jsonl)
-    offset: int  # byte offset of the block in the (decompressed) file
-    data: bytes
-
-
-def _blocks(path: Path, progress) -> Iterator[_Block]:
-    jsonl = _is_jsonl(path)
-    raw, stream = _open_raw(path)
-    try:
-        with raw:
-            if not jsonl:
-                data = _read_all(stream, path)
-                progress(raw.tell())
-                yield _Block(str(path), False, 1, 0, data)
-                return
-            line, offset, rest = 1, 0, b""
-            while True:
-                chunk = _read(stream, path, BLOCK)
-                progress(raw.tell())
-                if not chunk:
-                    if rest:
-                        yield _Block(str(path), True, line, offset, rest)
-                    return
-                data = rest + chunk
-                cut = data.rfind(b"\n") + 1
-                if cut == 0:
-                    rest = data
-                    continue
-                block, rest = data[:cut], data[cut:]
-                yield _Block(str(path), True, line, offset, block)
-                line += block.count(b"\n")
-                offset += len(block)
-    finally:
-        if stream is not raw:
-            stream.close()
-
-
-def _read(stream: IO[bytes], path: Path, n: int) -> bytes:
-    try:
-        return stream.read(n)
-    except (OSError, EOFError) as e:
-        raise DataError(f"{path}: cannot decompress ({e}); the file is damaged or not {path.suffix}") from None
-
-
-def _read_all(stream: IO[bytes], path: Path) -> bytes:
-    out = io.BytesIO()
-    while chunk := _read(stream, path, BLOCK * 16):
-        out.write(chunk)
-    return out.getvalue()
-
-
-def _parse(block: _Block, json_key: str, stop_at_first: bool) -> tuple[list[str], list[str], int]:
-    """(texts, bad-line messages, bad count) of one block."""
-    hint = "; fix or remove it, or pass --skip-bad-lines"
-    if not block.jsonl:
-        try:
-            return [block.data.decode("utf-8")], [], 0
-        except UnicodeDecodeError as e:
-            return [], [f"{block.path}: not UTF-8 text at byte offset {e.start}; convert the file to UTF-8 or pass --skip-bad-lines"], 1
-    texts: list[str] = []
-    bad: list[str] = []
-    nbad = 0
-    pos = 0
-    for lineno, line in enumerate(block.data.split(b"\n")[:-1] if block.data.endswith(b"\n") else block.data.split(b"\n"),
-                                  block.first_line):
-        start, pos = pos, pos + len(line) + 1
-        if not line.strip():
-            continue
-        msg = None
-        try:
-            doc = json.loads(line.decode("utf-8"))
-            if not isinstance(doc, dict) or json_key not in doc:
-                keys = ", ".join(list(doc)[:5]) if isinstance(doc, dict) else type(doc).__name__
-                msg = f"{block.path}:{lineno}: no key {json_key!r} (found: {keys}); set --json-key to the key holding the text{hint}"
-            elif not isinstance(doc[json_key], str):
-                msg = f"{block.path}:{lineno}: {json_key!r} holds a {type(doc[json_key]).__name__}, not a string{hint}"
-            else:
-                texts.append(doc[json_key])
-        except UnicodeDecodeError as e:
-            msg = f"{block.path}:{lineno}: not UTF-8 at byte offset {block.offset + start + e.start}{hint}"
-        except ValueError as e:
-            msg = f"{block.path}:{lineno}: not valid JSON ({getattr(e, 'msg', e)}){hint}"
-        if msg is not None:
-            nbad += 1
-            if len(bad) < 5:
-                bad.append(msg)
-            if stop_at_first:
-                break
-    return texts, bad, nbad
-
-
 # ---- worker side -------------------------------------------------------------------------------
 _W: dict = {}
 
@@ -220,9 +86,9 @@ def _init_worker(tokenizer: Tokenizer, json_key: str, append_eod: bool, skip: bo
               dtype=token_dtype(tokenizer.vocab_size))
 
 
-def _encode_block(block: _Block) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str], int, int]:
+def _encode_block(block: Block) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str], int, int]:
     """(tokens, lengths of non-empty documents, sequences per document (0/1), bad messages, bad count, bytes)."""
-    texts, bad, nbad = _parse(block, _W["json_key"], not _W["skip"])
+    texts, bad, nbad = parse_block(block, _W["json_key"], not _W["skip"])
     arrays = encode_many(_W["tokenizer"], texts) if texts else []
     per_doc = np.fromiter((a.size > 0 for a in arrays), dtype=np.int64, count=len(arrays))
     kept = [a for a in arrays if a.size]
@@ -275,11 +141,9 @@ def _up_to_date(prefix: Path, settings: dict) -> dict | None:
 
 
 def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
+    """SHA-256 of a file, hex."""
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _progress(console):
@@ -344,13 +208,13 @@ def prepare_dataset(inputs: str | os.PathLike | Iterable[str | os.PathLike], out
             counts["documents"] += len(per_doc)
 
         for path, src in zip(files, settings["sources"]):
-            blocks = _blocks(path, advance)
+            parts = blocks(path, advance)
             if pool is None:
-                for b in blocks:
+                for b in parts:
                     consume(_encode_block(b))
             else:
                 window: deque = deque()
-                for b in blocks:
+                for b in parts:
                     window.append(pool.apply_async(_encode_block, (b,)))
                     if len(window) >= 3 * workers:
                         consume(window.popleft().get())
@@ -377,16 +241,5 @@ def prepare_dataset(inputs: str | os.PathLike | Iterable[str | os.PathLike], out
                     skipped_lines=counts["skipped_lines"], first_skipped=first_bad,
                     bin={"bytes": bin_path(prefix).stat().st_size, "sha256": bin_hash.hexdigest()},
                     idx={"bytes": idx_path(prefix).stat().st_size, "sha256": sha256_file(idx_path(prefix))})
-    tmp = Path(f"{manifest_path(prefix)}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(manifest, indent=1))
-    os.replace(tmp, manifest_path(prefix))
+    write_atomic(manifest_path(prefix), json.dumps(manifest, indent=1))
     return PreparedDataset(prefix, manifest, reused=False)
-
-
-def iter_texts(path: Path, json_key: str = "text") -> Iterator[str]:
-    """The documents of one input file, in order (DataError on the first bad line)."""
-    for block in _blocks(Path(path), lambda _pos: None):
-        texts, bad, nbad = _parse(block, json_key, True)
-        if nbad:
-            raise DataError(bad[0])
-        yield from texts

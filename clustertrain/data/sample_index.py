@@ -44,6 +44,7 @@ building the same arrays concurrently are safe. An unwritable cache dir just mea
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
 import os
@@ -55,6 +56,7 @@ import numpy as np
 
 from clustertrain.data.indexed import IndexedDataset, idx_path
 from clustertrain.errors import DataError
+from clustertrain.rundir import write_atomic
 
 INDEX_VERSION = 1
 PARTS = ("train", "valid", "test")
@@ -165,10 +167,9 @@ def _cached(directory: Path | None, key: dict, names: Sequence[str], build) -> t
         try:
             directory.mkdir(parents=True, exist_ok=True)
             for p, a in zip(paths, arrays):
-                tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}")
-                with open(tmp, "wb") as f:
-                    np.save(f, a)
-                os.replace(tmp, p)
+                buf = io.BytesIO()
+                np.save(buf, a)
+                write_atomic(p, buf.getbuffer())
         except OSError:
             pass
     return arrays

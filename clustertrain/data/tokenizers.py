@@ -20,11 +20,14 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Iterable, Protocol, Sequence
+from typing import TYPE_CHECKING, Iterable, Protocol, Sequence
 
-import numpy as np
-
+from clustertrain.data.inputs import iter_texts, resolve_inputs
 from clustertrain.errors import ConfigError, DataError
+from clustertrain.rundir import write_atomic
+
+if TYPE_CHECKING:
+    import numpy as np
 
 EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<eod>", "<|end_of_text|>", "[SEP]")
 SPECIALS = ["<|endoftext|>", "<|pad|>"]
@@ -49,6 +52,8 @@ def encode_many(tokenizer: Tokenizer, texts: Sequence[str]) -> list[np.ndarray]:
     batch = getattr(tokenizer, "encode_batch_arrays", None)
     if batch is not None:
         return batch(texts)
+    import numpy as np  # only where tokens become arrays: `plan` and `check` load tokenizers without numpy
+
     return [np.asarray(tokenizer.encode(t), dtype=np.int64) for t in texts]
 
 
@@ -76,6 +81,8 @@ class ByteTokenizer:
         return data
 
     def encode_batch_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
+        import numpy as np
+
         return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8) for t in texts]
 
     def decode(self, ids: list[int]) -> str:
@@ -116,6 +123,8 @@ class HFTokenizer:
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def encode_batch_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
+        import numpy as np
+
         # encode_batch_fast (tokenizers >= 0.21) skips offset tracking, which preprocessing never needs
         fast = getattr(self._tok, "encode_batch_fast", None)
         if fast is not None:
@@ -143,8 +152,6 @@ def train_tokenizer(files: Iterable[str | os.PathLike], vocab_size: int, output:
     """Train a byte-level BPE on text/JSONL(.gz) ``files`` and write it to ``output`` (atomically)."""
     from tokenizers import Tokenizer as _HF, decoders, models, pre_tokenizers, trainers
 
-    from clustertrain.data.preprocess import iter_texts, resolve_inputs
-
     minimum = 256 + len(SPECIALS)
     if vocab_size < minimum:
         raise ConfigError(f"--vocab-size {vocab_size} is too small for a byte-level BPE; use at least {minimum}")
@@ -156,14 +163,7 @@ def train_tokenizer(files: Iterable[str | os.PathLike], vocab_size: int, output:
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator((text for p in paths for text in iter_texts(p, json_key)), trainer=trainer)
     out = Path(output)
-    if out.parent and not out.parent.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(tok.to_str())
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_atomic(out, tok.to_str())
     if tok.get_vocab_size() < 1:
         raise DataError(f"{output}: the tokenizer learned nothing; give non-empty input files")
     return HFTokenizer(out)

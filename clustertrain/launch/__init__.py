@@ -4,10 +4,11 @@ rank environments and the local Slurm cluster for rehearsal and tests.
 Public API (imported lazily, so that light commands do not pay for torch):
 :func:`prepare_run`, :class:`RunSpec`, :class:`LocalLauncher`, :func:`run_project`,
 :class:`JobStatus`, :class:`Launcher`, :class:`SlurmLauncher`, :func:`submit_project`,
-:class:`LaunchConfig`, :class:`LocalSlurmCluster`, :func:`query_job`.
+:class:`LaunchConfig`, :class:`LocalSlurmCluster`, :func:`query_job`; for a script rendered elsewhere
+(the validation suite's jobs): :func:`submit_script`, :func:`batch_state`, :func:`cancel_job`.
 """
 
-from importlib import import_module
+from clustertrain.lazy import lazy_exports
 
 _PUBLIC = {
     "JobStatus": "clustertrain.launch.backend",
@@ -21,11 +22,8 @@ _PUBLIC = {
     "LaunchConfig": "clustertrain.launch.config",
     "LocalSlurmCluster": "clustertrain.launch.slurm_cluster",
     "query_job": "clustertrain.launch.slurm_query",
+    "submit_script": "clustertrain.launch.batch",
+    "batch_state": "clustertrain.launch.batch",
+    "cancel_job": "clustertrain.launch.batch",
 }
-__all__ = sorted(_PUBLIC)
-
-
-def __getattr__(name: str):
-    if name in _PUBLIC:
-        return getattr(import_module(_PUBLIC[name]), name)
-    raise AttributeError(name)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _PUBLIC)

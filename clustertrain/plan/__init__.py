@@ -3,26 +3,34 @@ allocation of a cluster's nodes across models — and what is wrong with it.
 
 Public API (loaded lazily: project.py imports ``clustertrain.plan.config`` while it is itself
 being imported, so this package must not import project-dependent modules eagerly):
-``make_plan``, ``Plan``, ``ModelPlan``, ``ClusterTotals``, ``render_plan``, ``calibrate``,
-``Calibration``, ``load_catalog``, ``Instance``, ``ModelShape``, ``Layout``, ``MemoryEstimate``,
-``estimate_memory``, ``ModelSpec``, ``Hardware``, ``evaluate``, ``allocate``.
+``make_plan``, ``Plan``, ``ModelPlan``, ``ClusterTotals``, ``render_plan``, ``Calibration``,
+``load_catalog``, ``Instance``, ``ModelShape``, ``Layout``, ``MemoryEstimate``, ``estimate_memory``,
+``ModelSpec``, ``Hardware``, ``evaluate``.
+
+The functions ``calibrate`` and ``allocate`` share their module's name: import them from
+``clustertrain.plan.calibrate`` and ``clustertrain.plan.allocate`` (as a package attribute, the
+submodule would shadow the function as soon as anything imported it).
 """
 
 from __future__ import annotations
 
-import importlib
+from clustertrain.lazy import lazy_exports
 
-_WHERE = {
-    "make_plan": "plan", "Plan": "plan", "ModelPlan": "plan", "ClusterTotals": "plan",
-    "render_plan": "render", "calibrate": "calibrate", "Calibration": "calibrate",
-    "load_catalog": "catalog", "Instance": "catalog", "ModelShape": "shape",
-    "Layout": "memory", "MemoryEstimate": "memory", "estimate_memory": "memory",
-    "ModelSpec": "allocate", "Hardware": "allocate", "evaluate": "allocate", "allocate": "allocate",
+_PUBLIC = {
+    "make_plan": "clustertrain.plan.plan",
+    "Plan": "clustertrain.plan.plan",
+    "ModelPlan": "clustertrain.plan.plan",
+    "ClusterTotals": "clustertrain.plan.plan",
+    "render_plan": "clustertrain.plan.render",
+    "Calibration": "clustertrain.plan.calibrate",
+    "load_catalog": "clustertrain.plan.catalog",
+    "Instance": "clustertrain.plan.catalog",
+    "ModelShape": "clustertrain.plan.shape",
+    "Layout": "clustertrain.plan.memory",
+    "MemoryEstimate": "clustertrain.plan.memory",
+    "estimate_memory": "clustertrain.plan.memory",
+    "ModelSpec": "clustertrain.plan.allocate",
+    "Hardware": "clustertrain.plan.allocate",
+    "evaluate": "clustertrain.plan.allocate",
 }
-__all__ = sorted(_WHERE)
-
-
-def __getattr__(name: str):
-    if name in _WHERE:
-        return getattr(importlib.import_module(f"clustertrain.plan.{_WHERE[name]}"), name)
-    raise AttributeError(f"module 'clustertrain.plan' has no attribute {name!r}")
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _PUBLIC)

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clustertrain.storage.store import StoreConfig
-from clustertrain.storage.sync import SyncResult, sync
-from clustertrain.storage.verify import VerifyResult, verify
+from clustertrain.storage.syncing import SyncResult, sync
+from clustertrain.storage.verifying import VerifyResult, verify
 
 
 @dataclass

@@ -12,13 +12,14 @@ from clustertrain.storage.manifest import hash_file, scan_directory
 from clustertrain.storage.store import (
     PARTIAL_SUFFIX,
     IncompleteCleanup,
+    LocalPaths,
     MissingObjectError,
     ObjectInfo,
     check_key,
 )
 
 
-class FileStore(IncompleteCleanup):
+class FileStore(IncompleteCleanup, LocalPaths):
     """Objects are files under ``root``; writes land in ``.<name>.<id>.ct-partial`` then ``os.replace``."""
 
     key_limit = 4096
@@ -85,7 +86,7 @@ class FileStore(IncompleteCleanup):
                     removed += 1
         return removed
 
-    # -- local helpers used by sync ---------------------------------------------------------------
+    # -- optional ability: local paths (used by sync and verify) ------------------------------------
     def path_of(self, key: str) -> Path:
         """Local path of ``key``; refuses keys that would land outside the root (through symlinks too)."""
         path = self.root / check_key(key)

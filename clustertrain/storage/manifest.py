@@ -24,31 +24,30 @@ files whose size or mtime differ from the cache (or from a manifest already in t
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import stat
-import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field
 
 from clustertrain.errors import StorageError
+from clustertrain.rundir import write_atomic
+from clustertrain.schema import StoredModel, validate_model
 from clustertrain.storage.progress import make_progress
-from clustertrain.storage.store import CACHE_NAME, MANIFEST_NAME, PARTIAL_SUFFIX, check_key
+from clustertrain.storage.store import CACHE_NAME, MANIFEST_NAME, PARTIAL_SUFFIX, check_key, is_ours
 
 FORMAT = "clustertrain-manifest"
 VERSION = 1
-_CHUNK = 1 << 20
 _RACY_NS = 2_000_000_000  # files modified this recently are not cached (same-tick edits keep size+mtime)
 
 
-class ManifestEntry(BaseModel):
+class ManifestEntry(StoredModel):
     """One file of a copy."""
-
-    model_config = ConfigDict(extra="ignore")
 
     path: str = Field(description="Key relative to the root, '/'-separated.")
     size: int = Field(ge=0, description="Size in bytes.")
@@ -57,10 +56,8 @@ class ManifestEntry(BaseModel):
     etag: str | None = Field(None, description="ETag of the destination object when the manifest was written.")
 
 
-class Manifest(BaseModel):
+class Manifest(StoredModel):
     """A complete copy's table of contents (stored state: unknown fields are tolerated)."""
-
-    model_config = ConfigDict(extra="ignore")
 
     format: Literal["clustertrain-manifest"] = Field(FORMAT, description="Marks the file as ours.")
     version: int = Field(VERSION, description="Format version.")
@@ -97,35 +94,28 @@ def parse_manifest(text: str | bytes, where: str) -> Manifest:
         raise StorageError(
             f"{where} has manifest version {data.get('version')!r}; this clustertrain reads up to {VERSION} — upgrade it"
         )
-    try:
-        return Manifest.model_validate(data)
-    except ValidationError as err:
-        first = err.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"])
-        raise StorageError(f"{where} is a damaged clustertrain manifest: {loc}: {first['msg']}") from None
+    return validate_model(data, Manifest, f"{where} (a damaged clustertrain manifest)", error=StorageError)
 
 
-def write_json_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and ``os.replace``."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=PARTIAL_SUFFIX)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+class _Counted(io.RawIOBase):
+    """A binary file that reports every read to ``advance(n)`` (for :func:`hashlib.file_digest`)."""
+
+    def __init__(self, raw, advance) -> None:
+        self._raw, self._advance = raw, advance
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        n = self._raw.readinto(buffer)
+        self._advance(n)
+        return n
 
 
 def hash_file(path: Path, advance=None) -> str:
     """SHA-256 of a file, hex; ``advance(n)`` is called per chunk read."""
-    h = hashlib.sha256()
     with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            h.update(chunk)
-            if advance:
-                advance(len(chunk))
-    return h.hexdigest()
+        return hashlib.file_digest(_Counted(fh, advance) if advance else fh, "sha256").hexdigest()
 
 
 def _load_hints(root: Path) -> dict[str, ManifestEntry]:
@@ -152,7 +142,7 @@ def _walk(root: Path) -> list[tuple[str, Path, os.stat_result]]:
             entries = sorted(it, key=lambda e: e.name)
         for entry in entries:
             key = f"{rel}{entry.name}"
-            if entry.name.endswith(PARTIAL_SUFFIX) or (not rel and entry.name in (MANIFEST_NAME, CACHE_NAME)):
+            if entry.name.endswith(PARTIAL_SUFFIX) or (not rel and is_ours(entry.name)):
                 continue
             path = Path(entry.path)
             if entry.is_symlink():
@@ -211,6 +201,6 @@ def _save_cache(root: Path, manifest: Manifest) -> None:
     cutoff = time.time_ns() - _RACY_NS
     cache = Manifest(files=[e for e in manifest.files if e.mtime_ns < cutoff])
     try:
-        write_json_atomic(root / CACHE_NAME, cache.to_json())
+        write_atomic(root / CACHE_NAME, cache.to_json())
     except OSError:
         pass  # read-only source: hashes are simply recomputed next time

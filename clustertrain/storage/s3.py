@@ -7,7 +7,6 @@ own checksum (``ChecksumAlgorithm=SHA256``: full-object for single PUTs, per par
 
 from __future__ import annotations
 
-import base64
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +24,7 @@ from clustertrain.storage.store import (
     MissingObjectError,
     ObjectInfo,
     StoreConfig,
+    b64_of_hex,
 )
 
 META_KEY = "sha256"
@@ -206,7 +206,3 @@ class S3Store(IncompleteCleanup):
         message = " ".join(str(error.get("Message", "")).split())
         return StorageError(f"S3 refused to {action} {where}: {code}: {message}")
 
-
-def b64_of_hex(sha256_hex: str) -> str:
-    """S3's checksum spelling (base64 of the raw digest) of a hex SHA-256."""
-    return base64.b64encode(bytes.fromhex(sha256_hex)).decode("ascii")

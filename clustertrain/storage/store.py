@@ -1,22 +1,29 @@
-"""The object-store interface, its options, and :func:`open_store` which picks the backend from a URL.
+"""The object-store interface, its options and optional abilities (the backends implement it;
+:func:`clustertrain.storage.stores.open_store` picks one from a URL).
 
 A store holds objects under *keys* relative to its root: ``a/b.bin`` is ``<dir>/a/b.bin`` in a
 :class:`~clustertrain.storage.file.FileStore` and ``<prefix>/a/b.bin`` in a
 :class:`~clustertrain.storage.s3.S3Store`. Keys use ``/``, are valid UTF-8, hold no control characters
 and no ``.``/``..``/empty components (:func:`check_key`). Names starting with ``.clustertrain-`` at the
-root are ours (manifest, hash cache) and never appear in :meth:`ObjectStore.list`.
+root are ours (manifest, hash cache; ``..clustertrain-*`` are leftovers of their atomic writes) and never
+appear in :meth:`ObjectStore.list` (:func:`is_ours`).
+
+Optional abilities are mixins that sync and verify test with ``isinstance``: :class:`IncompleteCleanup`
+(remove leftovers of interrupted writes) and :class:`LocalPaths` (objects are files on this machine).
 """
 
 from __future__ import annotations
 
+import base64
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from clustertrain.errors import StorageError
+from clustertrain.schema import StrictModel
 
 MANIFEST_NAME = ".clustertrain-manifest.json"
 """Key of the manifest at a store's root: written last, so its presence marks a complete copy."""
@@ -25,20 +32,18 @@ CACHE_NAME = ".clustertrain-hashcache.json"
 PARTIAL_SUFFIX = ".ct-partial"
 """Suffix of a local file still being written (renamed into place when complete)."""
 RESERVED_NAMES = frozenset({MANIFEST_NAME, CACHE_NAME})
+OURS_PREFIX = ".clustertrain-"
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
 
 class MissingObjectError(StorageError):
     """The object asked for does not exist in the store."""
 
 
-class StoreConfig(BaseModel):
+class StoreConfig(StrictModel):
     """How to reach an object store. Credentials are never part of it: boto3's standard chain
     (environment, ``~/.aws``, instance role) supplies them."""
-
-    model_config = ConfigDict(extra="forbid")
 
     endpoint_url: str | None = Field(
         None,
@@ -78,6 +83,11 @@ class ObjectInfo:
     mtime_ns: int | None = None
     s3_sha256: str | None = None
 
+    def checksum_contradicts(self, sha256_hex: str) -> bool:
+        """True when the store's own full-object checksum disagrees with ``sha256_hex`` (content replaced,
+        metadata kept). Multipart checksums (``...-N``) cover parts, not the object: they prove nothing."""
+        return bool(self.s3_sha256) and "-" not in self.s3_sha256 and self.s3_sha256 != b64_of_hex(sha256_hex)
+
 
 @runtime_checkable
 class ObjectStore(Protocol):
@@ -109,6 +119,35 @@ class IncompleteCleanup:
         raise NotImplementedError
 
 
+class LocalPaths:
+    """Optional ability: the objects are files on this machine under ``root``. Sync then scans and hashes
+    them in place, reads sources without a copy and lands downloads beside their final name."""
+
+    root: Path
+
+    def path_of(self, key: str) -> Path:  # pragma: no cover - interface
+        """Local path of ``key`` (never outside ``root``)."""
+        raise NotImplementedError
+
+    def partial_path(self, key: str) -> Path:  # pragma: no cover - interface
+        """A fresh temporary name next to ``key``'s path (parent directories created)."""
+        raise NotImplementedError
+
+    def commit(self, tmp: Path, key: str, sha256: str) -> ObjectInfo:  # pragma: no cover - interface
+        """Move a completed temporary file into place as ``key``."""
+        raise NotImplementedError
+
+
+def is_ours(name: str) -> bool:
+    """A root-level name clustertrain keeps for itself (manifest, hash cache, their temporary files)."""
+    return name.startswith(OURS_PREFIX) or name.startswith("." + OURS_PREFIX)
+
+
+def b64_of_hex(sha256_hex: str) -> str:
+    """A hex SHA-256 in S3's checksum form (base64 of the digest)."""
+    return base64.b64encode(bytes.fromhex(sha256_hex)).decode("ascii")
+
+
 def check_key(key: str, store: ObjectStore | None = None) -> str:
     """Return ``key`` if every store can hold it, else raise :class:`StorageError` naming it."""
     try:
@@ -126,34 +165,3 @@ def check_key(key: str, store: ObjectStore | None = None) -> str:
             "(S3: 1024 with the prefix); shorten it"
         )
     return key
-
-
-def open_store(url: str | Path, options: StoreConfig | None = None, *, progress: bool = False) -> ObjectStore:
-    """The store behind ``url``: ``s3://bucket[/prefix]`` -> S3Store, ``file:///dir`` or a plain path -> FileStore."""
-    options = options or StoreConfig()
-    text = str(url)
-    if "://" not in text:
-        from clustertrain.storage.file import FileStore
-
-        return FileStore(Path(text), progress=progress)
-    scheme, _, rest = text.partition("://")
-    if scheme == "file":
-        from clustertrain.storage.file import FileStore
-
-        if not rest.startswith("/"):
-            raise StorageError(f"{text!r}: a file URL needs an absolute path, e.g. file:///data/run1")
-        return FileStore(Path(rest), progress=progress)
-    if scheme == "s3":
-        from clustertrain.storage.s3 import S3Store
-
-        bucket, _, prefix = rest.partition("/")
-        if not bucket:
-            raise StorageError(f"{text!r} names no bucket; write s3://BUCKET/PREFIX")
-        if not _BUCKET.match(bucket) or ".." in bucket:
-            raise StorageError(
-                f"{text!r}: {bucket!r} is not a valid S3 bucket name (3-63 chars of a-z, 0-9, '.', '-')"
-            )
-        return S3Store(bucket, prefix.strip("/"), options)
-    raise StorageError(
-        f"unknown storage URL scheme {scheme + '://'!r} in {text!r}; use s3://bucket/prefix, file:///path or a plain path"
-    )

@@ -1,7 +1,7 @@
 """A real local Slurm cluster for tests: start, submit, wait.
 
-``local_slurm_cluster(base)`` starts a :class:`LocalSlurmCluster` in ``base/local-slurm`` (installing
-slurm-wlm and munge with apt-get if missing), yields it and stops it at the end. ``sbatch`` submits a
+``local_slurm_cluster(base)`` starts a :class:`LocalSlurmCluster` in ``base/local-slurm`` (slurm-wlm and
+munge must be installed: ``bash scripts/test.sh`` installs them), yields it and stops it at the end. ``sbatch`` submits a
 script text, ``wait_job`` polls :func:`query_job` until the job has finished, ``wait_output`` polls a
 job's output file. Slurm needs root here (daemons run as SlurmUser=root); elsewhere the tests skip.
 """

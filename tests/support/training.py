@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
+
 
 def clustertrain(*args: str, env: dict | None = None, **kw) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "clustertrain", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -38,8 +40,19 @@ def wait_for(predicate, timeout: float, interval: float = 0.05):
 
 
 def worker_pids(launcher_pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-eo", "pid,ppid"], capture_output=True, text=True).stdout.split("\n")[1:]
-    return [int(line.split()[0]) for line in out if line.strip() and int(line.split()[1]) == launcher_pid]
+    """The launcher's direct children (the rank processes)."""
+    try:
+        return [child.pid for child in psutil.Process(launcher_pid).children()]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _gone(pid: int) -> bool:
+    """True when the process no longer exists or is a zombie (killed, not yet reaped)."""
+    try:
+        return psutil.Process(pid).status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.NoSuchProcess:
+        return True
 
 
 def kill_all(proc: subprocess.Popen) -> None:
@@ -52,20 +65,14 @@ def kill_all(proc: subprocess.Popen) -> None:
             pass
     proc.wait()
     for pid in pids:
-        wait_for(lambda: not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2], 10)
+        wait_for(lambda: _gone(pid), 10)
 
 
 def processes_mentioning(text: str) -> list[int]:
     """Live (non-zombie) processes whose command line contains ``text``."""
     found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if text in cmd and state != "Z":
-            found.append(int(proc.name))
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        cmd = " ".join(proc.info["cmdline"] or ())
+        if text in cmd and proc.info["status"] not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+            found.append(proc.pid)
     return found

@@ -7,6 +7,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import psutil
 import pytest
 
 from clustertrain.errors import LaunchError
@@ -19,18 +20,14 @@ pytestmark = pytest.mark.slow
 
 def processes_referring_to(state_dir: Path) -> list[str]:
     """Live (non-zombie) processes whose command line or environment names ``state_dir``."""
-    found, needle = [], str(state_dir).encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+    found, needle = [], str(state_dir)
+    for proc in psutil.process_iter(["cmdline", "environ", "status"]):
+        if proc.pid == os.getpid() or proc.info["status"] in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
             continue
-        try:
-            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX":
-                continue
-            cmdline = (entry / "cmdline").read_bytes()
-            if needle in cmdline or needle in (entry / "environ").read_bytes():
-                found.append(entry.name + ": " + cmdline.replace(b"\0", b" ").decode(errors="replace"))
-        except (OSError, IndexError):
-            continue
+        cmdline = " ".join(proc.info["cmdline"] or ())
+        environ = proc.info["environ"] or {}
+        if needle in cmdline or any(needle in value for value in environ.values()):
+            found.append(f"{proc.pid}: {cmdline}")
     return found
 
 

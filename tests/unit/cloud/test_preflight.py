@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from clustertrain.cloud.preflight import cloud_findings, cloud_report
-from clustertrain.cloud.validate import validate_file
+from clustertrain.cloud.preflight import validate_file
 from clustertrain.project import load_project, validate_project
 from tests.unit.cloud.conftest import EXAMPLES, example_raw, scenario_raw
 

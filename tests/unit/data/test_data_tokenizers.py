@@ -63,3 +63,16 @@ def test_tokenizer_without_eod_is_rejected(tmp_path):
     Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]")).save(str(tmp_path / "tokenizer.json"))
     with pytest.raises(ConfigError, match="has no end-of-document token"):
         load_tokenizer(str(tmp_path / "tokenizer.json"))
+
+
+def test_loading_the_byte_tokenizer_needs_no_numpy():
+    """`plan` and `check` load tokenizers (vocabulary checks) and must not pay for numpy."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom clustertrain.data import load_tokenizer\n"
+            "tok = load_tokenizer('byte')\nassert tok.encode('ab') == [97, 98] and tok.vocab_size == 258\n"
+            "print('numpy' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"

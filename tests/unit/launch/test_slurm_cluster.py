@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from clustertrain.cli.local_slurm import app
 from clustertrain.errors import LaunchError
-from clustertrain.launch.slurm_cluster import LocalSlurmCluster
+from clustertrain.launch.slurm_cluster import LocalSlurmCluster, require_installed
 from clustertrain.launch.slurm_query import parse_kv_line
 
 REQUIRED = [
@@ -89,6 +89,33 @@ def test_bad_spec_is_refused(tmp_path, kwargs, field):
 def test_render_conf_checks_port_count(tmp_path):
     with pytest.raises(LaunchError, match="2 node ports for 3 nodes"):
         LocalSlurmCluster(tmp_path, nodes=3).render_conf(1, [2, 3])
+
+
+def test_missing_slurm_is_one_line_naming_the_install_command(tmp_path):
+    with pytest.raises(LaunchError) as err:
+        require_installed(search=str(tmp_path))  # a directory with no Slurm programs in it
+    message = str(err.value)
+    assert "\n" not in message and "slurmctld" in message and "munged" in message
+    assert "apt-get install -y --no-install-recommends slurm-wlm munge" in message
+    (tmp_path / "slurmctld").write_text("#!/bin/sh\n")
+    (tmp_path / "slurmctld").chmod(0o755)
+    with pytest.raises(LaunchError) as err:
+        require_installed(search=str(tmp_path))
+    assert "slurmctld" not in str(err.value).split(" not found")[0]  # found ones are not named
+
+
+def test_library_code_installs_nothing():
+    """System packages are the setup script's business (scripts/test.sh), never a library call's."""
+    import ast
+
+    root = Path(__file__).resolve().parents[3] / "clustertrain"
+    found = []
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.List, ast.Tuple)) and node.elts and isinstance(node.elts[0], ast.Constant) \
+                    and node.elts[0].value in ("apt-get", "apt", "yum", "dnf", "pip"):
+                found.append(f"{path.relative_to(root.parent)}:{node.lineno}")
+    assert not found, "library code runs a package manager: " + ", ".join(found)
 
 
 def test_status_of_empty_dir(tmp_path):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from clustertrain.errors import StorageError
 from clustertrain.storage import (
     MANIFEST_NAME,
     FileStore,
+    LocalPaths,
     Manifest,
     S3Store,
     StoreConfig,
@@ -160,3 +163,76 @@ def test_cli_exit_codes(tmp_path):
     (tmp_path / "dst" / MANIFEST_NAME).write_text('{"hello": 1}')
     res = runner.invoke(app, ["verify", str(tmp_path / "dst")])
     assert res.exit_code == 2 and "not a clustertrain manifest" in res.output
+
+
+def test_damaged_manifest_is_one_line_naming_the_field():
+    bad = {"format": "clustertrain-manifest", "version": 1, "files": [{"path": "a", "size": 1, "sha256": "xyz", "mtime_ns": 5}]}
+    with pytest.raises(StorageError, match=r"m\.json \(a damaged clustertrain manifest\): files\[0\]\.sha256") as err:
+        parse_manifest(json.dumps(bad), "m.json")
+    assert "\n" not in str(err.value)
+
+
+def test_leftover_temp_files_of_our_own_writes_are_never_data(tmp_path):
+    """A hash-cache write killed before its rename leaves ``..clustertrain-hashcache.json.<random>``:
+    it is ours, so a scan (and therefore a sync) must not ship it as a data file."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    make_tree(src, 3)
+    (src / "..clustertrain-hashcache.json.k2j4h1").write_text("{")
+    manifest, _ = scan_directory(src)
+    assert len(manifest.files) == 3 and not any("clustertrain-" in e.path for e in manifest.files)
+    sync(src, dst)
+    assert sorted(p.name for p in dst.iterdir()) == [MANIFEST_NAME, "d0", "d1", "d2"]
+
+
+class MemoryDirStore(LocalPaths):
+    """A store that is not a FileStore but has local paths: sync and verify must ask for the ability,
+    not for the class (they read it in place, with no get())."""
+
+    def __init__(self, root: Path) -> None:
+        self.inner = FileStore(root)
+        self.root, self.url, self.key_limit = self.inner.root, f"mem:{root}", self.inner.key_limit
+        self.gets = 0
+
+    def list(self):
+        return self.inner.list()
+
+    def stat(self, key):
+        return self.inner.stat(key)
+
+    def put(self, local_path, key, sha256):
+        return self.inner.put(local_path, key, sha256)
+
+    def get(self, key, local_path):
+        self.gets += 1
+        return self.inner.get(key, local_path)
+
+    def delete(self, keys):
+        return self.inner.delete(keys)
+
+    def path_of(self, key):
+        return self.inner.path_of(key)
+
+    def partial_path(self, key):
+        return self.inner.partial_path(key)
+
+    def commit(self, tmp, key, sha256):
+        return self.inner.commit(tmp, key, sha256)
+
+
+def test_sync_and_verify_ask_the_store_for_local_paths(tmp_path):
+    src = MemoryDirStore(tmp_path / "src")
+    make_tree(src.root, 4)
+    dst = MemoryDirStore(tmp_path / "dst")
+    assert sync(src, dst).transferred_files == 4  # a source with local paths is scanned in place
+    assert verify(dst, full=True).ok and dst.gets == 0 and src.gets == 0
+
+
+def test_importing_the_storage_stage_and_syncing_locally_needs_no_boto3(tmp_path):
+    make_tree(tmp_path / "src", 2)
+    code = ("import sys\nfrom clustertrain.storage import sync, verify\n"
+            f"sync({str(tmp_path / 'src')!r}, {str(tmp_path / 'dst')!r})\nassert verify({str(tmp_path / 'dst')!r}).ok\n"
+            "import clustertrain.storage.syncing\nfrom clustertrain.storage import sync as again\nassert callable(again)\n"
+            "print(sorted(m for m in ('boto3', 'botocore', 'numpy', 'torch') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"

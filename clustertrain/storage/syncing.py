@@ -21,19 +21,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clustertrain.errors import StorageError
-from clustertrain.storage.file import FileStore
 from clustertrain.storage.manifest import Manifest, ManifestEntry, hash_file, parse_manifest, scan_directory
 from clustertrain.storage.progress import make_progress
 from clustertrain.storage.store import (
     MANIFEST_NAME,
     IncompleteCleanup,
+    LocalPaths,
     MissingObjectError,
     ObjectInfo,
     ObjectStore,
     StoreConfig,
     check_key,
-    open_store,
 )
+from clustertrain.storage.stores import open_store
 
 
 @dataclass
@@ -69,7 +69,7 @@ class SyncResult:
 
 def read_manifest(store: ObjectStore) -> Manifest | None:
     """The manifest at a store's root, or None when there is none (a store never synced, or incomplete)."""
-    if isinstance(store, FileStore):
+    if isinstance(store, LocalPaths):
         path = store.root / MANIFEST_NAME
         return parse_manifest(path.read_bytes(), str(path)) if path.is_file() else None
     with tempfile.TemporaryDirectory(prefix="ct-manifest-") as tmp:
@@ -87,7 +87,7 @@ def _as_store(where: str | Path | ObjectStore, options: StoreConfig | None, prog
 
 def source_manifest(src: ObjectStore, *, progress: bool = False) -> tuple[Manifest, int]:
     """The manifest describing ``src`` and how many files had to be hashed for it."""
-    if isinstance(src, FileStore):
+    if isinstance(src, LocalPaths):
         if not src.root.is_dir():
             raise StorageError(f"source directory {src.root} does not exist; check the path")
         return scan_directory(src.root, progress=progress)
@@ -146,9 +146,9 @@ def plan_sync(
 
 def _transfer(src: ObjectStore, dst: ObjectStore, entry: ManifestEntry) -> ObjectInfo:
     """Copy one entry; downloads are hashed before they are moved into place."""
-    if isinstance(src, FileStore):
+    if isinstance(src, LocalPaths):
         return dst.put(src.path_of(entry.path), entry.path, entry.sha256)
-    if isinstance(dst, FileStore):
+    if isinstance(dst, LocalPaths):
         tmp = dst.partial_path(entry.path)
         try:
             _fetch_checked(src, entry, tmp)
@@ -205,12 +205,8 @@ def sync(
     if plan.delete:
         dest.delete(plan.delete)
         result.deleted = len(plan.delete)
-    remote = not isinstance(dest, FileStore)
-    final = Manifest(
-        files=[
-            e.model_copy(update={"etag": (infos.get(e.path) or listing[e.path]).etag if remote else None})
-            for e in manifest.files
-        ]
+    final = Manifest(  # the ETag each object has now (None where the store keeps none, as local files)
+        files=[e.model_copy(update={"etag": (infos.get(e.path) or listing[e.path]).etag}) for e in manifest.files]
     )
     if changing or not final.same_files(previous):
         _write_manifest(dest, final)
@@ -247,8 +243,6 @@ def _run_transfers(
 
 def _write_manifest(dst: ObjectStore, manifest: Manifest) -> None:
     text = manifest.to_json()
-    if isinstance(dst, FileStore):
-        dst.root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ct-manifest-") as tmp:
         path = Path(tmp) / MANIFEST_NAME
         path.write_text(text, encoding="utf-8")

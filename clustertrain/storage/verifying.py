@@ -13,11 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clustertrain.errors import StorageError
-from clustertrain.storage.file import FileStore
 from clustertrain.storage.manifest import Manifest, ManifestEntry, hash_file, parse_manifest
-from clustertrain.storage.s3 import b64_of_hex
-from clustertrain.storage.store import MANIFEST_NAME, MissingObjectError, ObjectInfo, ObjectStore, StoreConfig, open_store
-from clustertrain.storage.sync import read_manifest
+from clustertrain.storage.store import MANIFEST_NAME, LocalPaths, MissingObjectError, ObjectInfo, ObjectStore, StoreConfig
+from clustertrain.storage.stores import open_store
+from clustertrain.storage.syncing import read_manifest
 
 
 @dataclass
@@ -64,13 +63,13 @@ def _check_quick(store: ObjectStore, entry: ManifestEntry, listed: ObjectInfo) -
         return "replaced after the sync: no sha256 metadata (not written by clustertrain)"
     if info.sha256 != entry.sha256:
         return f"sha256 metadata {info.sha256[:12]}... != manifest {entry.sha256[:12]}..."
-    if info.s3_sha256 and "-" not in info.s3_sha256 and info.s3_sha256 != b64_of_hex(entry.sha256):
+    if info.checksum_contradicts(entry.sha256):
         return "S3's SHA256 checksum does not match the manifest (content replaced, metadata kept)"
     return None
 
 
 def _check_full(store: ObjectStore, entry: ManifestEntry) -> str | None:
-    if isinstance(store, FileStore):
+    if isinstance(store, LocalPaths):
         digest = hash_file(store.path_of(entry.path))
     else:
         with tempfile.TemporaryDirectory(prefix="ct-verify-") as tmp:

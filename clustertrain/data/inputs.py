@@ -1,0 +1,171 @@
+"""Reading corpus files: which files an ``--input`` names, and their documents in blocks of whole lines.
+
+Formats (``.gz`` is gunzipped, ``.zst`` needs the ``zstandard`` module):
+
+* ``*.jsonl`` / ``*.json`` (optionally compressed): one document per line, the text under ``json_key``.
+  Blank lines are ignored.
+* anything else (``*.txt``, ...): **one document per file** — the whole file is one document.
+
+:func:`blocks` cuts a file into ~256 KiB blocks of whole lines (a text file is one block);
+:func:`parse_block` turns a block into texts and one-line messages for bad lines (naming file and
+line, or byte offset). Both preprocessing (:mod:`clustertrain.data.preprocess`) and tokenizer training
+(:mod:`clustertrain.data.tokenizers`) read their input through this module.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import io
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Iterable, Iterator
+
+from clustertrain.errors import DataError
+
+BLOCK = 1 << 18  # small enough to balance slow (BPE) tokenizers across workers
+JSON_SUFFIXES = (".jsonl", ".json")
+
+
+def resolve_inputs(inputs: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Path]:
+    """Expand files and globs, in the order given (each glob sorted); DataError when one matches nothing."""
+    items = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
+    files: list[Path] = []
+    for item in items:
+        s = os.fspath(item)
+        matches = sorted(glob.glob(s, recursive=True)) if glob.has_magic(s) else [s]
+        found = [Path(m) for m in matches if Path(m).is_file()]
+        if not found:
+            raise DataError(f"--input {s}: no such file (or the glob matches no files); give .txt/.jsonl[.gz] files")
+        files.extend(found)
+    if not files:
+        raise DataError("--input: no input files given")
+    return files
+
+
+def is_jsonl(path: Path) -> bool:
+    name = path.name
+    for comp in (".gz", ".zst"):
+        name = name.removesuffix(comp)
+    return name.endswith(JSON_SUFFIXES)
+
+
+def _open_raw(path: Path) -> tuple[IO[bytes], IO[bytes]]:
+    """(compressed file object for progress, decompressed byte stream)."""
+    raw = open(path, "rb")
+    if path.suffix == ".gz":
+        return raw, gzip.GzipFile(fileobj=raw)
+    if path.suffix == ".zst":
+        try:
+            import zstandard
+        except ImportError:
+            raw.close()
+            raise DataError(f"{path}: reading .zst needs the zstandard module; pip install zstandard or decompress the file") from None
+        return raw, zstandard.ZstdDecompressor().stream_reader(raw)
+    return raw, raw
+
+
+@dataclass(frozen=True)
+class Block:
+    path: str
+    jsonl: bool
+    first_line: int  # 1-based line number of the first line (jsonl)
+    offset: int  # byte offset of the block in the (decompressed) file
+    data: bytes
+
+
+def blocks(path: Path, progress) -> Iterator[Block]:
+    jsonl = is_jsonl(path)
+    raw, stream = _open_raw(path)
+    try:
+        with raw:
+            if not jsonl:
+                data = _read_all(stream, path)
+                progress(raw.tell())
+                yield Block(str(path), False, 1, 0, data)
+                return
+            line, offset, rest = 1, 0, b""
+            while True:
+                chunk = _read(stream, path, BLOCK)
+                progress(raw.tell())
+                if not chunk:
+                    if rest:
+                        yield Block(str(path), True, line, offset, rest)
+                    return
+                data = rest + chunk
+                cut = data.rfind(b"\n") + 1
+                if cut == 0:
+                    rest = data
+                    continue
+                block, rest = data[:cut], data[cut:]
+                yield Block(str(path), True, line, offset, block)
+                line += block.count(b"\n")
+                offset += len(block)
+    finally:
+        if stream is not raw:
+            stream.close()
+
+
+def _read(stream: IO[bytes], path: Path, n: int) -> bytes:
+    try:
+        return stream.read(n)
+    except (OSError, EOFError) as e:
+        raise DataError(f"{path}: cannot decompress ({e}); the file is damaged or not {path.suffix}") from None
+
+
+def _read_all(stream: IO[bytes], path: Path) -> bytes:
+    out = io.BytesIO()
+    while chunk := _read(stream, path, BLOCK * 16):
+        out.write(chunk)
+    return out.getvalue()
+
+
+def parse_block(block: Block, json_key: str, stop_at_first: bool) -> tuple[list[str], list[str], int]:
+    """(texts, bad-line messages, bad count) of one block."""
+    hint = "; fix or remove it, or pass --skip-bad-lines"
+    if not block.jsonl:
+        try:
+            return [block.data.decode("utf-8")], [], 0
+        except UnicodeDecodeError as e:
+            return [], [f"{block.path}: not UTF-8 text at byte offset {e.start}; convert the file to UTF-8 or pass --skip-bad-lines"], 1
+    texts: list[str] = []
+    bad: list[str] = []
+    nbad = 0
+    pos = 0
+    for lineno, line in enumerate(block.data.split(b"\n")[:-1] if block.data.endswith(b"\n") else block.data.split(b"\n"),
+                                  block.first_line):
+        start, pos = pos, pos + len(line) + 1
+        if not line.strip():
+            continue
+        msg = None
+        try:
+            doc = json.loads(line.decode("utf-8"))
+            if not isinstance(doc, dict) or json_key not in doc:
+                keys = ", ".join(list(doc)[:5]) if isinstance(doc, dict) else type(doc).__name__
+                msg = f"{block.path}:{lineno}: no key {json_key!r} (found: {keys}); set --json-key to the key holding the text{hint}"
+            elif not isinstance(doc[json_key], str):
+                msg = f"{block.path}:{lineno}: {json_key!r} holds a {type(doc[json_key]).__name__}, not a string{hint}"
+            else:
+                texts.append(doc[json_key])
+        except UnicodeDecodeError as e:
+            msg = f"{block.path}:{lineno}: not UTF-8 at byte offset {block.offset + start + e.start}{hint}"
+        except ValueError as e:
+            msg = f"{block.path}:{lineno}: not valid JSON ({getattr(e, 'msg', e)}){hint}"
+        if msg is not None:
+            nbad += 1
+            if len(bad) < 5:
+                bad.append(msg)
+            if stop_at_first:
+                break
+    return texts, bad, nbad
+
+
+def iter_texts(path: Path, json_key: str = "text") -> Iterator[str]:
+    """The documents of one input file, in order (DataError on the first bad line)."""
+    for block in blocks(Path(path), lambda _pos: None):
+        texts, bad, nbad = parse_block(block, json_key, True)
+        if nbad:
+            raise DataError(bad[0])
+        yield from texts

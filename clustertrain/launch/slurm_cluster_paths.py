@@ -1,0 +1,134 @@
+"""The state directory of a local Slurm cluster (:class:`~clustertrain.launch.slurm_cluster.LocalSlurmCluster`):
+every path in it, named once in :class:`LocalSlurmPaths`, and the ``cluster.json`` record.
+
+State-directory layout::
+
+    <state_dir>/
+      cluster.json        what up() started -- written last, after every daemon was spawned (and once
+                          before, right after munged, so a failure can stop it); a directory without it
+                          holds no cluster. Format (JSON): {"version": 1, "spec": {nodes, cpus_per_node,
+                          gpus_per_node, gpu_type, partition, min_job_age, jobcomp}, "ctld_port": int,
+                          "node_ports": {"node1": int, ...}, "pids": {"munged": int, "slurmctld": int,
+                          "slurmd-node1": int, ...}}; readers ignore fields they do not know
+      slurm.conf          rendered from launch/templates/slurm.conf.j2 (clients need SLURM_CONF=this)
+      gres.conf           only with gpus_per_node > 0 (Slurm reads it next to slurm.conf)
+      jobcomp.txt         jobcomp/filetxt: one line per finished job, read by slurm_query after the job
+                          left the controller (MinJobAge); absent with ``jobcomp="none"`` (ParallelCluster's
+                          setting), where only the run directory's own records outlive the controller
+      munge/              munge.key (random per cluster, mode 0400), munge.socket, munged.pid/.log/.seed
+      ctld/               StateSaveLocation of slurmctld
+      spool/nodeK/        SlurmdSpoolDir of each node (batch scripts, step sockets)
+      log/                slurmctld.log, slurmd-nodeK.log, and *.out (the daemons' stdout/stderr)
+      run/                slurmctld.pid, slurmd-nodeK.pid
+      dev/                fake GPU character devices nvidia0..  (gpus_per_node > 0 only)
+      .lock               serialises up()/down() on this directory
+
+Unix socket paths hold at most 107 bytes, and step sockets live at spool/nodeK/nodeK_<job>.<step>.
+When the state dir is longer than 63 characters, slurm.conf and munged reach munge/ and spool/
+through the short symlink /tmp/ct-slurm-<hash of the state dir> -> <state_dir> (removed by down()).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from clustertrain.rundir import write_atomic
+
+RECORD_VERSION = 1
+MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with the terminating NUL
+
+
+@dataclass(frozen=True)
+class LocalSlurmPaths:
+    """Every path in a local cluster's state directory (see the module docstring)."""
+
+    root: Path
+
+    @property
+    def conf(self) -> Path:
+        return self.root / "slurm.conf"
+
+    @property
+    def gres_conf(self) -> Path:
+        return self.root / "gres.conf"
+
+    @property
+    def record(self) -> Path:
+        return self.root / "cluster.json"
+
+    @property
+    def jobcomp(self) -> Path:
+        return self.root / "jobcomp.txt"
+
+    @property
+    def lock(self) -> Path:
+        return self.root / ".lock"
+
+    @property
+    def munge_dir(self) -> Path:
+        return self.root / "munge"
+
+    @property
+    def munge_key(self) -> Path:
+        return self.munge_dir / "munge.key"
+
+    @property
+    def munge_socket(self) -> Path:
+        return self.socket_root / "munge" / "munge.socket"
+
+    @property
+    def short_root(self) -> Path:
+        return Path("/tmp") / f"ct-slurm-{hashlib.sha1(str(self.root).encode()).hexdigest()[:10]}"
+
+    @property
+    def socket_root(self) -> Path:
+        """The state dir as socket paths name it: itself, or ``short_root`` when sockets would not fit."""
+        longest = len(str(self.root)) + len("/spool/node9999/node9999_12345678.4294967291")
+        return self.root if longest <= MAX_SOCKET_PATH else self.short_root
+
+    @property
+    def slurmd_spool(self) -> Path:
+        return self.socket_root / "spool"
+
+    @property
+    def ctld_dir(self) -> Path:
+        return self.root / "ctld"
+
+    @property
+    def spool_dir(self) -> Path:
+        return self.root / "spool"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.root / "log"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def dev_dir(self) -> Path:
+        return self.root / "dev"
+
+    def fresh_dirs(self) -> tuple[Path, ...]:
+        """Directories wiped on a fresh start."""
+        return (self.ctld_dir, self.spool_dir, self.log_dir, self.run_dir, self.dev_dir, self.munge_dir)
+
+    def log_of(self, name: str) -> Path:
+        """The log that explains daemon ``name``'s failure: its own log when it wrote one, else its stdout/stderr."""
+        log = self.munge_dir / "munged.log" if name == "munged" else self.log_dir / f"{name}.log"
+        return log if log.exists() and log.stat().st_size else self.log_dir / f"{name}.out"
+
+    def read_record(self) -> dict | None:
+        """``cluster.json``, or None when there is none (or it cannot be read: then no cluster is known)."""
+        try:
+            record = json.loads(self.record.read_text())
+        except (OSError, ValueError):
+            return None
+        return record if isinstance(record, dict) else None
+
+    def write_record(self, record: dict) -> None:
+        write_atomic(self.record, json.dumps(record, indent=2))

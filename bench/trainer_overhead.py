@@ -44,7 +44,7 @@ def bare_rank(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from clustertrain.project import ArchConfig
+    from clustertrain.train.config import ArchConfig
     from clustertrain.train.model import GPT
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

@@ -20,7 +20,8 @@ directory of the shared file system whose ``holds`` names the kind (``aws.fsx[].
 file system names go to the first one, see :meth:`AwsConfig.layout`); otherwise derived from
 ``storage.root`` (``<root>/datasets``; ``<root>`` for runs, logs and outputs; TensorBoard inside the
 run directory). Kinds may share a base: the ``logs``, ``tensorboard`` and ``validation`` levels keep
-them apart, and model names may not be one of :data:`RESERVED_MODEL_NAMES`.
+them apart, and model names may not be one of :data:`clustertrain.project.RESERVED_MODEL_NAMES`
+(the project file's validation refuses them).
 
 On a cluster every one of these must be on a shared file system of the ``aws:`` section (an
 ``aws.fsx`` or ``aws.ebs`` mount): the batch node, every rank and the head node must see the same
@@ -28,6 +29,9 @@ files. :func:`off_mount_problems` names each field that breaks that rule; ``clus
 ``submit`` and ``cluster config`` refuse such a project. The node scripts create exactly the
 directories of :func:`project_dirs` (``setup-dirs.sh``), so what exists on the cluster is what the
 jobs use.
+
+Dependencies run one way: this module derives paths from a :class:`~clustertrain.project.Project`
+(imported for type checking only); the project module imports nothing from here.
 """
 
 from __future__ import annotations
@@ -39,8 +43,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from clustertrain.project import Project
 
-#: directory names a model's run directory could collide with when several kinds share one base
-RESERVED_MODEL_NAMES = ("logs", "tensorboard", "validation", "datasets", "previous")
 KINDS = ("datasets", "checkpoints", "logs", "tensorboard", "outputs")
 #: project-file field that overrides each kind's base
 FIELDS = {"datasets": "storage.datasets", "checkpoints": "storage.runs", "logs": "storage.logs",

@@ -1,14 +1,18 @@
 """The `clustertrain` command: a thin face over the stages. Each command parses its options,
-loads the project, calls one library function, prints and sets the exit code. User mistakes
-(:class:`~clustertrain.errors.ClusterTrainError`) print one line and exit 2."""
+loads the project, calls one library function, prints and sets the exit code.
+
+User mistakes (:class:`~clustertrain.errors.ClusterTrainError`) print one ``error:`` line and exit 2:
+every app here is made by :func:`clustertrain.cli.common.command_group`, whose group class is the one
+place that does it (for the root app run by :func:`main` and for a sub-app run on its own).
+
+Start-up stays light: the command modules import their stages (torch, numpy, boto3, tokenizers,
+aws-parallelcluster behind them) inside the command functions, so ``clustertrain --help`` and
+``clustertrain plan`` load only what they use.
+"""
 
 from __future__ import annotations
 
-import os
-import sys
-import traceback
-
-import typer
+from typing import Sequence
 
 from clustertrain.cli import check as check_cli
 from clustertrain.cli import cluster as cluster_cli
@@ -20,17 +24,9 @@ from clustertrain.cli import plan as plan_cli
 from clustertrain.cli import run as run_cli
 from clustertrain.cli import storage as storage_cli
 from clustertrain.cli import validate as validate_cli
-from clustertrain.errors import ClusterTrainError
+from clustertrain.cli.common import command_group
 
-try:  # typer >= 0.25 carries its own copy of click
-    from typer._click.exceptions import ClickException
-except ImportError:  # pragma: no cover - older typer uses click itself
-    from click import ClickException
-
-app = typer.Typer(
-    name="clustertrain", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-    help="Distributed LLM training on Slurm GPU clusters — rehearsed on one machine.",
-)
+app = command_group(name="clustertrain", help="Distributed LLM training on Slurm GPU clusters — rehearsed on one machine.")
 run_cli.register(app)
 jobs_cli.register(app)
 app.command("plan")(plan_cli.plan_command)
@@ -43,20 +39,6 @@ app.add_typer(validate_cli.app, name="validate")
 app.add_typer(local_slurm_cli.app, name="local-slurm")
 
 
-def main(argv: list[str] | None = None) -> None:
-    try:
-        code = app(args=argv, standalone_mode=False)
-    except ClusterTrainError as e:
-        print(f"error: {e}", file=sys.stderr)
-        if os.environ.get("CLUSTERTRAIN_DEBUG"):
-            traceback.print_exc()
-        sys.exit(e.exit_code)
-    except typer.Exit as e:
-        sys.exit(e.exit_code)
-    except typer.Abort:
-        print("aborted", file=sys.stderr)
-        sys.exit(130)
-    except ClickException as e:
-        e.show()
-        sys.exit(e.exit_code)
-    sys.exit(code if isinstance(code, int) else 0)
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run ``clustertrain`` with ``argv`` (default: the command line) and exit with its code."""
+    app(args=None if argv is None else list(argv), prog_name="clustertrain")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from clustertrain.cli.common import user_errors
+from clustertrain.errors import ConfigError
 from clustertrain.project import load_project
 
 
@@ -22,16 +22,12 @@ def check_command(
     """Check a project end to end before anything is paid for: cluster config, paths on shared storage,
     plan feasibility, data and tokenizer, interpreter/image, time limits, secrets. Exit 2 on errors."""
     from clustertrain.check import run_check
+    from clustertrain.cloud.validate import is_project, read_cluster_config
 
-    with user_errors():
-        from clustertrain.cloud.validate import is_project, read_cluster_config
-        from clustertrain.errors import ConfigError
-
-        if not is_project(read_cluster_config(project_file)):
-            raise ConfigError(f"{project_file}: this is a ParallelCluster config, not a clustertrain project; check it with "
-                              "`clustertrain cluster validate`, or pass the project file it was generated from")
-        project = load_project(project_file, set_)
-        report = run_check(project)
+    if not is_project(read_cluster_config(project_file)):
+        raise ConfigError(f"{project_file}: this is a ParallelCluster config, not a clustertrain project; check it with "
+                          "`clustertrain cluster validate`, or pass the project file it was generated from")
+    report = run_check(load_project(project_file, set_))
     if as_json:
         typer.echo(json.dumps(report.as_dict(), indent=1))
         raise typer.Exit(0 if report.ok else 2)

@@ -7,20 +7,15 @@ from pathlib import Path
 
 import typer
 
-from clustertrain.cloud import generate_cluster_config, generate_infra_template, generate_node_scripts, validate_file
-from clustertrain.cloud.scripts import upload_command
-from clustertrain.cli.common import user_errors as _user_errors
+from clustertrain.cli.common import command_group
 from clustertrain.project import load_project
 
-app = typer.Typer(
-    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+app = command_group(
     help="AWS ParallelCluster: cluster config, CloudFormation infrastructure and node scripts from the project's `aws:` section.",
 )
 
 SetOpt = typer.Option([], "--set", help="Override a project field (dotted key=value).")
 NoSchemaOpt = typer.Option(False, "--no-schema", help="Skip aws-parallelcluster's schema check; run only clustertrain's rules.")
-
-
 
 
 @app.command("config")
@@ -32,11 +27,11 @@ def config_cmd(
 ) -> None:
     """Write the ParallelCluster 3 config; nothing is written when it does not validate."""
     from clustertrain.check import require_clean
+    from clustertrain.cloud import generate_cluster_config
 
-    with _user_errors():
-        project = load_project(project_file, set_)
-        require_clean(project, "cluster config")
-        report = generate_cluster_config(project, output, use_schema=not no_schema)
+    project = load_project(project_file, set_)
+    require_clean(project, "cluster config")
+    report = generate_cluster_config(project, output, use_schema=not no_schema)
     for f in report.warnings:
         typer.echo(str(f), err=True)
     if report.schema_note:
@@ -51,8 +46,9 @@ def validate_cmd(
     no_schema: bool = NoSchemaOpt,
 ) -> None:
     """Check a cluster config offline: aws-parallelcluster's schema (if installed) plus clustertrain's rules. Exit 2 on errors."""
-    with _user_errors():
-        report = validate_file(file, set_, use_schema=not no_schema)
+    from clustertrain.cloud import validate_file
+
+    report = validate_file(file, set_, use_schema=not no_schema)
     for f in report.findings:
         tag = "" if f.source == "clustertrain" else f" [{f.source}]"
         typer.echo(f"{f}{tag}")
@@ -71,8 +67,9 @@ def infra_cmd(
     set_: list[str] = SetOpt,
 ) -> None:
     """Write the CloudFormation template: VPC, subnets, NAT, security groups, S3 buckets, compute IAM policy."""
-    with _user_errors():
-        generate_infra_template(load_project(project_file, set_), output)
+    from clustertrain.cloud import generate_infra_template
+
+    generate_infra_template(load_project(project_file, set_), output)
     typer.echo(f"wrote {output}; check: cfn-lint {output}; deploy: aws cloudformation deploy --template-file {output} "
                "--stack-name NAME --capabilities CAPABILITY_IAM")
 
@@ -84,10 +81,12 @@ def scripts_cmd(
     set_: list[str] = SetOpt,
 ) -> None:
     """Write the node setup scripts (head node, compute node, directory setup)."""
-    with _user_errors():
-        project = load_project(project_file, set_)
-        paths = generate_node_scripts(project, output)
-        upload = upload_command(project, output)
+    from clustertrain.cloud import generate_node_scripts
+    from clustertrain.cloud.scripts import upload_command
+
+    project = load_project(project_file, set_)
+    paths = generate_node_scripts(project, output)
+    upload = upload_command(project, output)
     for p in paths:
         typer.echo(f"wrote {p}")
     typer.echo(f"upload before creating the cluster: {upload}")

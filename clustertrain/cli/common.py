@@ -1,22 +1,59 @@
-"""Pieces every command group shares."""
+"""Pieces every command group shares: the one path from a user mistake to its one line and exit code.
+
+Every typer app of the CLI — the root ``clustertrain`` app and each sub-app (``config``, ``cluster``,
+``data`` ...) — is made by :func:`command_group`, whose click group class :class:`CommandGroup` turns a
+:class:`~clustertrain.errors.ClusterTrainError` raised anywhere below it into ``error: <message>`` on
+stderr and the error's exit code (2). That is the one place: :func:`clustertrain.cli.main` runs the root
+app through it, and a sub-app run on its own (``CliRunner().invoke(sub_app, ...)``, ``python -c
+"from clustertrain.cli.storage import app; app()"``) gets the same behaviour. Commands therefore just
+raise; they catch nothing. Typer/click handle their own exceptions as usual: a bad option or value is a
+usage error with exit code 2, ``typer.Exit(n)`` exits n, Ctrl-C exits 130.
+
+With ``CLUSTERTRAIN_DEBUG=1`` in the environment the traceback follows the line (for bug reports);
+anything that is not a ``ClusterTrainError`` is a bug in clustertrain and keeps its traceback.
+"""
 
 from __future__ import annotations
 
-import contextlib
+import os
 import sys
-from typing import Iterator
+import traceback
+from typing import Any, Sequence
 
 import typer
+from typer.core import TyperGroup
 
 from clustertrain.errors import ClusterTrainError
 
+DEBUG_ENV = "CLUSTERTRAIN_DEBUG"
 
-@contextlib.contextmanager
-def user_errors() -> Iterator[None]:
-    """A user mistake ends the command with one line on stderr and its exit code (2), also when a
-    sub-app runs on its own (tests, ``python -m``) without :func:`clustertrain.cli.main` around it."""
-    try:
-        yield
-    except ClusterTrainError as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise typer.Exit(err.exit_code) from None
+
+def report_user_error(err: ClusterTrainError) -> int:
+    """Print ``err`` as one ``error:`` line on stderr (plus its traceback with CLUSTERTRAIN_DEBUG=1);
+    return its exit code."""
+    print(f"error: {err}", file=sys.stderr)
+    if os.environ.get(DEBUG_ENV):
+        traceback.print_exception(type(err), err, err.__traceback__, file=sys.stderr)
+    return err.exit_code
+
+
+class CommandGroup(TyperGroup):
+    """A typer group whose :meth:`main` ends a user mistake with :func:`report_user_error`."""
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        try:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        except ClusterTrainError as err:
+            code = report_user_error(err)
+            if standalone_mode:
+                sys.exit(code)
+            return code
+
+
+def command_group(help: str, **settings: Any) -> typer.Typer:
+    """A typer app with the CLI's settings: the one error path, help without arguments, no shell-completion
+    options, plain tracebacks for bugs."""
+    options: dict[str, Any] = {"no_args_is_help": True, "add_completion": False, "pretty_exceptions_enable": False,
+                               "rich_markup_mode": None}  # usage errors as click's plain lines, not a box
+    return typer.Typer(cls=CommandGroup, help=help, **{**options, **settings})

@@ -9,21 +9,10 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from clustertrain.data.preprocess import prepare_dataset
-from clustertrain.data.tokenizers import train_tokenizer
-from clustertrain.data.validate import validate_dataset
-from clustertrain.data.vocab import vocab_limit
-from clustertrain.cli.common import user_errors as _user_errors
+from clustertrain.cli.common import command_group
 
-app = typer.Typer(
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    help="Prepare tokenized datasets (Megatron .bin/.idx + manifest), validate them, train BPE tokenizers.",
-)
+app = command_group(help="Prepare tokenized datasets (Megatron .bin/.idx + manifest), validate them, train BPE tokenizers.")
 out = Console(highlight=False, soft_wrap=True)
-
-
 
 
 @app.command("prepare")
@@ -39,14 +28,15 @@ def prepare_cmd(
     endpoint_url: Optional[str] = typer.Option(None, "--endpoint-url", help="S3-compatible endpoint for --publish."),
 ) -> None:
     """Tokenize INPUTS into a Megatron indexed dataset (does nothing when it is already up to date)."""
-    with _user_errors():
-        result = prepare_dataset(inputs, output_prefix, tokenizer, json_key=json_key, workers=workers,
-                                 append_eod=append_eod, skip_bad_lines=skip_bad_lines, console=Console(stderr=True))
-        if publish:
-            from clustertrain.data.staging import publish_dataset
-            from clustertrain.storage import StoreConfig
+    from clustertrain.data import prepare_dataset
 
-            publish_dataset(output_prefix, publish, StoreConfig(endpoint_url=endpoint_url))
+    result = prepare_dataset(inputs, output_prefix, tokenizer, json_key=json_key, workers=workers,
+                             append_eod=append_eod, skip_bad_lines=skip_bad_lines, console=Console(stderr=True))
+    if publish:
+        from clustertrain.data.staging import publish_dataset
+        from clustertrain.storage import StoreConfig
+
+        publish_dataset(output_prefix, publish, StoreConfig(endpoint_url=endpoint_url))
     m = result.manifest
     state = "up to date, nothing done" if result.reused else "written"
     out.print(f"{output_prefix}: {state} — {m['documents']:,} documents, {m['tokens']:,} tokens ({m['dtype']}, "
@@ -64,8 +54,9 @@ def validate_cmd(
     vocab_size: Optional[int] = typer.Option(None, "--vocab-size", help="Token ids must be below this (default: the manifest's)."),
 ) -> None:
     """Check header, index, data size, token range and manifest checksums; exit 2 on any problem."""
-    with _user_errors():
-        report = validate_dataset(prefix, vocab_size=vocab_size, full=full)
+    from clustertrain.data import validate_dataset
+
+    report = validate_dataset(prefix, vocab_size=vocab_size, full=full)
     for note in report.notes:
         out.print(f"note: {note}")
     if not report.ok:
@@ -83,8 +74,10 @@ def train_tokenizer_cmd(
     json_key: str = typer.Option("text", "--json-key", help="JSONL key holding each document's text."),
 ) -> None:
     """Train a byte-level BPE tokenizer (eod = <|endoftext|>) and write tokenizer.json."""
-    with _user_errors():
-        tok = train_tokenizer(inputs, vocab_size, output, json_key=json_key)
+    from clustertrain.data import train_tokenizer
+    from clustertrain.data.vocab import vocab_limit
+
+    tok = train_tokenizer(inputs, vocab_size, output, json_key=json_key)
     out.print(f"{output}: {tok.vocab_size:,} tokens, eod {tok.eod}, identity {tok.identity}")
     if tok.vocab_size < vocab_size:
         out.print(f"note: asked for {vocab_size:,}, reached {tok.vocab_size:,} (every word of the input is already one "

@@ -9,7 +9,6 @@ each model's newest job (or ``--job ID``). Slurm clients need ``SLURM_CONF`` etc
 from __future__ import annotations
 
 import shlex
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -50,17 +49,32 @@ def submit(
 ) -> None:
     """Submit one Slurm batch job per model; return as soon as they are queued and print the job ids."""
     from clustertrain.check import require_clean
-    from clustertrain.launch.slurm import SlurmLauncher, submit_project
+    from clustertrain.launch import SlurmLauncher, submit_project
 
     project = load_project(project_file, set_)
     require_clean(project, "submit", [model] if model else None)  # the whole preflight, also before a dry run
-    command = shlex.join(["clustertrain", "submit", *sys.argv[2:]]) if len(sys.argv) > 1 else "clustertrain submit"
-    launcher = SlurmLauncher(submit_command=command)
+    launcher = SlurmLauncher(submit_command=submit_command_line(project_file, model, run_dir, set_, no_resume))
     for s in submit_project(project, model, run_dir, resume=not no_resume, launcher=launcher, dry_run=dry_run):
         if dry_run:
             typer.echo(s.script, nl=False)
         else:
             typer.echo(f"submitted {s.model}: job {s.job_id} (run dir {s.run_dir}, script {s.script})")
+
+
+def submit_command_line(project_file: Path, model: Optional[str], run_dir: Optional[Path], set_: list[str],
+                        no_resume: bool) -> str:
+    """The ``clustertrain submit`` command that submits this job, for the batch script's header: built from the
+    parsed options that shape the job (not ``--dry-run``), each shell-quoted."""
+    argv = ["clustertrain", "submit", str(project_file)]
+    if model:
+        argv += ["--model", model]
+    if run_dir:
+        argv += ["--run-dir", str(run_dir)]
+    for item in set_:
+        argv += ["--set", item]
+    if no_resume:
+        argv.append("--no-resume")
+    return shlex.join(argv)
 
 
 def status(
@@ -71,16 +85,16 @@ def status(
     job: Optional[str] = typer.Option(None, "--job", help="This job id (default: each model's newest job)."),
 ) -> None:
     """Show the state of each model's newest Slurm job (exit 1 if any failed or was cancelled)."""
-    from clustertrain.launch.slurm import SlurmLauncher
-    from clustertrain.rundir import read_json
+    from clustertrain.launch import SlurmLauncher
+    from clustertrain.runstate import read_status
 
     launcher = SlurmLauncher()
     code = 0
     for name, paths in _runs(project_file, model, run_dir, set_):
         job_id = launcher.attach(paths, job)
         st = launcher.status(job_id)
-        run = read_json(paths.status) or {}
-        step = f", step {run['step']}" if "step" in run else ""
+        run = read_status(paths)
+        step = f", step {run.step}" if run else ""
         exit_code = "" if st.exit_code is None else f", exit {st.exit_code}"
         typer.echo(f"{name}: job {job_id} {st.state} [{st.detail}]{exit_code}, restarts {st.extra['restarts']}{step}")
         code = max(code, 1 if st.state in ("FAILED", "CANCELLED") else 0)
@@ -97,7 +111,7 @@ def logs(
 ) -> None:
     """Print (or follow) the Slurm output file of a model's job."""
     from clustertrain.errors import LaunchError
-    from clustertrain.launch.slurm import SlurmLauncher
+    from clustertrain.launch import SlurmLauncher
 
     runs = _runs(project_file, model, run_dir, set_)
     if len(runs) > 1:
@@ -116,7 +130,7 @@ def cancel(
     job: Optional[str] = typer.Option(None, "--job", help="This job id (default: each model's newest job)."),
 ) -> None:
     """Cancel each model's newest Slurm job (scancel)."""
-    from clustertrain.launch.slurm import SlurmLauncher
+    from clustertrain.launch import SlurmLauncher
 
     launcher = SlurmLauncher()
     for name, paths in _runs(project_file, model, run_dir, set_):

@@ -1,24 +1,25 @@
 """`clustertrain plan PROJECT`: the arithmetic of a project file and what is wrong with it.
 
 Exit codes: 0 feasible, 1 the plan is infeasible (reasons printed), 2 bad input.
-Registered by the lead as ``app.command("plan")(plan_command)``.
+Registered in :mod:`clustertrain.cli` as ``app.command("plan")(plan_command)``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import typer
 
 from clustertrain.errors import ConfigError
 from clustertrain.project import load_project
 
-FORMATS = ("table", "json", "markdown")
+Format = Literal["table", "json", "markdown"]  # clustertrain.plan.render.FORMATS
 
 
 def plan_command(
     project_file: Path = typer.Argument(..., help="Project file (YAML)."),
-    format: str = typer.Option("table", "--format", "-f", help="Output format: table, json or markdown."),
+    format: Format = typer.Option("table", "--format", "-f", help="Output format."),
     set_: list[str] = typer.Option([], "--set", help="Override a project field, e.g. --set plan.cluster_nodes=64 (repeatable)."),
     calibrate: bool = typer.Option(
         False, "--calibrate", help="CPU projects: measure this machine (fp32 matmul and step kernels) to estimate step times."
@@ -28,8 +29,6 @@ def plan_command(
     from clustertrain.plan.plan import make_plan
     from clustertrain.plan.render import render_plan
 
-    if format not in FORMATS:
-        raise ConfigError(f"--format {format!r}: unknown format; valid: {', '.join(FORMATS)}")
     project = load_project(project_file, set_)
     calibration = None
     if calibrate:

@@ -49,13 +49,14 @@ def run(
 
 def _backup_failures(console: Console, run_dir: Path) -> None:
     """Say so when a checkpoint backup failed (the run itself completed; see clustertrain.train.backup)."""
-    from clustertrain.rundir import read_json
+    from clustertrain.rundir import RunPaths
+    from clustertrain.runstate import BackupState, read_status
 
-    status = read_json(run_dir / "status.json") or {}
-    failed = [b for b in status.get("backups") or [] if b.get("state") == "failed"]
+    status = read_status(RunPaths(run_dir))
+    failed = [b for b in (status.backups if status else []) if b.state == BackupState.FAILED]
     if failed:
-        console.print(f"[red]backup failed[/] for {len(failed)} checkpoint(s), last: {failed[-1].get('checkpoint')}: "
-                      f"{failed[-1].get('error')}; copy by hand with `clustertrain storage sync`")
+        console.print(f"[red]backup failed[/] for {len(failed)} checkpoint(s), last: {failed[-1].checkpoint}: "
+                      f"{failed[-1].error}; copy by hand with `clustertrain storage sync`")
 
 
 def train(

@@ -3,27 +3,26 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.console import Console
 
-from clustertrain.cli.common import user_errors as _user_errors
-from clustertrain.storage import StoreConfig, restore_directory, sync, verify
+from clustertrain.cli.common import command_group
 
-app = typer.Typer(
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
+if TYPE_CHECKING:
+    from clustertrain.storage import StoreConfig
+
+app = command_group(
     help="Copy directories to and from S3 (or local directories) with a manifest; verify and restore copies. "
     "Credentials come from boto3's standard chain (env, ~/.aws, instance role).",
 )
 out = Console(highlight=False, soft_wrap=True)
 
 
+def _options(endpoint_url: Optional[str], region: Optional[str], profile: Optional[str], part_size_mb: int) -> "StoreConfig":
+    from clustertrain.storage import StoreConfig
 
-
-def _options(endpoint_url: Optional[str], region: Optional[str], profile: Optional[str], part_size_mb: int) -> StoreConfig:
     return StoreConfig(endpoint_url=endpoint_url, region=region, profile=profile, part_size_mb=part_size_mb)
 
 
@@ -47,9 +46,10 @@ def sync_cmd(
     profile: Optional[str] = ProfileOpt,
 ) -> None:
     """Make DST a complete copy of SRC, moving only new or changed files; the manifest is written last."""
-    with _user_errors():
-        options = _options(endpoint_url, region, profile, part_size_mb)
-        result = sync(src, dst, delete=delete, dry_run=dry_run, jobs=jobs, options=options, progress=True)
+    from clustertrain.storage import sync
+
+    options = _options(endpoint_url, region, profile, part_size_mb)
+    result = sync(src, dst, delete=delete, dry_run=dry_run, jobs=jobs, options=options, progress=True)
     plan = result.plan
     if dry_run:
         for entry in plan.send:
@@ -77,9 +77,10 @@ def verify_cmd(
     profile: Optional[str] = ProfileOpt,
 ) -> None:
     """Compare DST with its manifest; exit 2 when anything is missing, extra or corrupt."""
-    with _user_errors():
-        options = _options(endpoint_url, region, profile, 8)
-        result = verify(dst, manifest, full=full, jobs=jobs, options=options, progress=True)
+    from clustertrain.storage import verify
+
+    options = _options(endpoint_url, region, profile, 8)
+    result = verify(dst, manifest, full=full, jobs=jobs, options=options, progress=True)
     for key in result.missing:
         out.print(f"missing  {key}")
     for key in result.extra:
@@ -106,8 +107,9 @@ def restore_cmd(
     profile: Optional[str] = ProfileOpt,
 ) -> None:
     """Download the copy at SRC into DST; every file is hash-checked before it is moved into place."""
-    with _user_errors():
-        options = _options(endpoint_url, region, profile, part_size_mb)
-        result = restore_directory(src, dst, jobs=jobs, options=options, progress=True)
+    from clustertrain.storage import restore_directory
+
+    options = _options(endpoint_url, region, profile, part_size_mb)
+    result = restore_directory(src, dst, jobs=jobs, options=options, progress=True)
     out.print(f"restored {result.transferred_files} files ({result.transferred_bytes} B), "
               f"{len(result.plan.unchanged)} already present, in {result.seconds:.1f} s")

@@ -1,9 +1,10 @@
 """Project-file section owned by the cloud stage: ``aws:`` (ParallelCluster, infrastructure).
 
-A leaf module: it imports nothing from clustertrain but errors, so project.py can compose it.
-Facts that are pure arithmetic on the documented AWS limits (FSx for Lustre capacity steps and
-throughput tiers, ParallelCluster name rules) live here as constants and small functions, so the
-project-file validators and the rules for hand-written ParallelCluster files share one copy.
+It imports nothing from clustertrain but :mod:`clustertrain.schema` (the strict base) and
+:mod:`clustertrain.cloud.limits`, so project.py can compose it. Facts that are pure arithmetic on the
+documented AWS limits (FSx for Lustre capacity steps and throughput tiers, ParallelCluster name rules)
+live in :mod:`clustertrain.cloud.limits`, so the project-file validators and the rules for hand-written
+ParallelCluster files share one copy; they are re-exported here for the names' old importers.
 """
 
 from __future__ import annotations
@@ -12,80 +13,30 @@ import ipaddress
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from clustertrain.cloud.limits import (
+    CR_ID_RE, DIR_KINDS, FSX_COMPRESSION, FSX_DEPLOYMENT_TYPES, FSX_THROUGHPUT, OS_DEFAULT_USER, POLICY_ARN_RE,
+    QUEUE_NAME_RE, RESOURCE_NAME_RE, SG_ID_RE, SUBNET_ID_RE, SUPPORTED_OS, check_mount_dir, fsx_capacity_problem,
+    fsx_throughput_problem,
+)
+from clustertrain.schema import StrictModel
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# documented limits (FSx for Lustre user guide "Managing storage capacity" / "throughput capacity";
-# ParallelCluster 3 config reference "SlurmQueues / Name", "ComputeResources / Name")
-
-FSX_DEPLOYMENT_TYPES = ("SCRATCH_1", "SCRATCH_2", "PERSISTENT_1", "PERSISTENT_2")
-FSX_THROUGHPUT = {"PERSISTENT_1": (50, 100, 200, 12, 40), "PERSISTENT_2": (125, 250, 500, 1000)}
-FSX_COMPRESSION = ("LZ4", "NONE")
-SUPPORTED_OS = ("alinux2023", "ubuntu2204", "ubuntu2404", "rhel8", "rhel9", "rocky8", "rocky9")
-OS_DEFAULT_USER = {"alinux2023": "ec2-user", "ubuntu2204": "ubuntu", "ubuntu2404": "ubuntu",
-                   "rhel8": "ec2-user", "rhel9": "ec2-user", "rocky8": "rocky", "rocky9": "rocky"}
-QUEUE_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,24}$")
-RESOURCE_NAME_RE = QUEUE_NAME_RE  # same rule for compute resources (pcluster NameValidator)
-SUBNET_ID_RE = re.compile(r"^subnet-([0-9a-f]{8}|[0-9a-f]{17})$")
-SG_ID_RE = re.compile(r"^sg-([0-9a-f]{8}|[0-9a-f]{17})$")
-CR_ID_RE = re.compile(r"^cr-[0-9a-f]{17}$")
-POLICY_ARN_RE = re.compile(r"^arn:aws(-[a-z]+)*:iam::(\d{12}|aws):policy/[\w+=,.@/-]+$")
-DIR_KINDS = ("datasets", "checkpoints", "outputs", "logs", "tensorboard")
-
-
-def fsx_capacity_problem(deployment: str, capacity_gb: int, throughput: int | None = None) -> str | None:
-    """Why ``capacity_gb`` is not a valid StorageCapacity for this deployment type, or None."""
-    if capacity_gb <= 0:
-        return f"StorageCapacity must be positive, got {capacity_gb}"
-    if deployment == "SCRATCH_1":
-        ok = capacity_gb in (1200, 2400) or (capacity_gb > 2400 and capacity_gb % 3600 == 0)
-        rule = "1200, 2400 or a multiple of 3600 GiB"
-    elif deployment == "PERSISTENT_1" and throughput in (12, 40):
-        step = 6000 if throughput == 12 else 1800
-        ok, rule = capacity_gb % step == 0, f"a multiple of {step} GiB (HDD, {throughput} MB/s/TiB)"
-    else:
-        ok = capacity_gb == 1200 or capacity_gb % 2400 == 0
-        rule = "1200 or a multiple of 2400 GiB"
-    if ok:
-        return None
-    near = _nearest_capacity(deployment, capacity_gb, throughput)
-    return f"StorageCapacity {capacity_gb} is not valid for {deployment}: use {rule} (nearest: {near})"
-
-
-def _nearest_capacity(deployment: str, capacity_gb: int, throughput: int | None) -> int:
-    if deployment == "PERSISTENT_1" and throughput in (12, 40):
-        step = 6000 if throughput == 12 else 1800
-        return max(step, -(-capacity_gb // step) * step)
-    if capacity_gb <= 1200:
-        return 1200
-    step = 3600 if deployment == "SCRATCH_1" else 2400
-    return max(2400, -(-capacity_gb // step) * step)
-
-
-def fsx_throughput_problem(deployment: str, throughput: int | None) -> str | None:
-    """Why ``throughput`` is not a valid PerUnitStorageThroughput for this deployment type, or None."""
-    allowed = FSX_THROUGHPUT.get(deployment)
-    if allowed is None:
-        if throughput is not None:
-            return f"PerUnitStorageThroughput applies only to PERSISTENT_1/PERSISTENT_2, not {deployment}; remove it"
-        return None
-    if throughput is None:
-        return f"PerUnitStorageThroughput is required for {deployment}; choose one of {', '.join(map(str, allowed))}"
-    if throughput not in allowed:
-        return f"PerUnitStorageThroughput {throughput} is not valid for {deployment}: choose one of {', '.join(map(str, allowed))} MB/s/TiB"
-    return None
+__all__ = [
+    "AwsConfig", "BucketsConfig", "EbsConfig", "EnrootConfig", "FsxConfig", "HeadNodeConfig", "MonitoringConfig",
+    "NetworkConfig", "QueueConfig", "SharedDirsConfig",
+    # re-exported from clustertrain.cloud.limits
+    "CR_ID_RE", "DIR_KINDS", "FSX_COMPRESSION", "FSX_DEPLOYMENT_TYPES", "FSX_THROUGHPUT", "OS_DEFAULT_USER",
+    "POLICY_ARN_RE", "QUEUE_NAME_RE", "RESOURCE_NAME_RE", "SG_ID_RE", "SUBNET_ID_RE", "SUPPORTED_OS",
+    "check_mount_dir", "fsx_capacity_problem", "fsx_throughput_problem",
+]
 
 
 # ---------------------------------------------------------------------------------------------
 # sections
 
 
-class HeadNodeConfig(_Strict):
+class HeadNodeConfig(StrictModel):
     instance_type: str = Field("c6i.4xlarge", description="Head node instance type (runs slurmctld; no GPU needed).")
     key_name: str | None = Field(
         None, description="EC2 key pair name for SSH to the head node (the name only: key material never goes in the project file)."
@@ -94,7 +45,7 @@ class HeadNodeConfig(_Strict):
     ssm: bool = Field(True, description="Attach AmazonSSMManagedInstanceCore so Session Manager can reach the head node.")
 
 
-class NetworkConfig(_Strict):
+class NetworkConfig(StrictModel):
     vpc_cidr: str = Field("10.0.0.0/16", description="VPC CIDR for `clustertrain cluster infra`.")
     public_subnet_cidr: str = Field("10.0.0.0/24", description="Public subnet (head node, NAT gateway) CIDR; inside vpc_cidr.")
     private_subnet_cidr: str = Field("10.0.64.0/18", description="Private subnet (compute nodes, FSx) CIDR; inside vpc_cidr.")
@@ -149,7 +100,7 @@ class NetworkConfig(_Strict):
         return self
 
 
-class QueueConfig(_Strict):
+class QueueConfig(StrictModel):
     """One Slurm queue with one compute resource.
 
     Defaults that depend on the capacity (None = derived, see :meth:`static_nodes` and
@@ -227,7 +178,7 @@ class QueueConfig(_Strict):
         return not self.reserved
 
 
-class FsxConfig(_Strict):
+class FsxConfig(StrictModel):
     name: str = Field(..., description="Storage name in the cluster config (letters, digits, '-', '_').")
     mount_dir: str = Field(..., description="Absolute mount point on every node, e.g. `/fsx/data`.")
     capacity_gb: int = Field(1200, description="StorageCapacity in GiB: 1200 or multiples of 2400 (SCRATCH_2, PERSISTENT_1/2 SSD).")
@@ -274,7 +225,7 @@ class FsxConfig(_Strict):
         return {"PERSISTENT_2": 250, "PERSISTENT_1": 200}.get(self.deployment_type)
 
 
-class EbsConfig(_Strict):
+class EbsConfig(StrictModel):
     name: str = Field(..., description="Storage name in the cluster config.")
     mount_dir: str = Field(..., description="Absolute mount point (shared from the head node over NFS).")
     size_gb: int = Field(500, ge=1, le=16384, description="Volume size in GiB.")
@@ -287,7 +238,7 @@ class EbsConfig(_Strict):
         return check_mount_dir(v)
 
 
-class BucketsConfig(_Strict):
+class BucketsConfig(StrictModel):
     data: str | None = Field(None, description="Data bucket name (compute nodes read it). Default: the bucket of storage.data_bucket.")
     checkpoints: str | None = Field(
         None, description="Checkpoint bucket name (compute nodes write it; versioned). Default: the bucket of storage.checkpoint_bucket."
@@ -301,7 +252,7 @@ class BucketsConfig(_Strict):
         return v
 
 
-class MonitoringConfig(_Strict):
+class MonitoringConfig(StrictModel):
     cloudwatch: bool = Field(True, description="Send cluster logs to CloudWatch Logs and create the CloudWatch dashboard.")
     log_retention_days: int = Field(14, description="CloudWatch log retention in days (a value CloudWatch accepts, e.g. 7, 14, 30, 90).")
     detailed_monitoring: bool = Field(False, description="1-minute EC2 metrics (costs extra).")
@@ -315,7 +266,7 @@ class MonitoringConfig(_Strict):
         return v
 
 
-class SharedDirsConfig(_Strict):
+class SharedDirsConfig(StrictModel):
     owner: str | None = Field(None, description="Owner of the per-model directories. Default: the OS's default user (ec2-user on alinux2023).")
     group: str | None = Field(None, description="Group of the per-model directories. Default: the owner.")
     mode: str = Field("2775", description="Octal mode of the per-model directories (2775: group-writable, setgid keeps the group).")
@@ -336,7 +287,7 @@ class SharedDirsConfig(_Strict):
         return v
 
 
-class EnrootConfig(_Strict):
+class EnrootConfig(StrictModel):
     local_dir: str = Field(
         "/scratch", description="Local NVMe mount on compute nodes (ParallelCluster's EphemeralVolume): Enroot caches and container data go here, not to the root volume."
     )
@@ -347,16 +298,7 @@ class EnrootConfig(_Strict):
         return check_mount_dir(v)
 
 
-def check_mount_dir(v: str) -> str:
-    if not re.fullmatch(r"/[A-Za-z0-9._/-]*[A-Za-z0-9._-]", v) or "//" in v or "/../" in v + "/":
-        raise ValueError(f"mount dir {v!r} must be an absolute path of letters, digits, '.', '_', '-', e.g. /fsx/data")
-    reserved = ("/", "/home", "/opt", "/opt/slurm", "/opt/parallelcluster", "/opt/intel", "/etc", "/usr", "/var", "/tmp", "/root", "/boot", "/proc", "/sys", "/dev")
-    if v in reserved:
-        raise ValueError(f"mount dir {v!r} is a system directory; use e.g. /fsx/<name>")
-    return v
-
-
-class AwsConfig(_Strict):
+class AwsConfig(StrictModel):
     region: str = Field(..., description="AWS region, e.g. `ap-southeast-3`.")
     availability_zone: str | None = Field(None, description="Availability zone for subnets and FSx, e.g. `ap-southeast-3a`. Required by `cluster infra`.")
     os: Literal["alinux2023", "ubuntu2204", "ubuntu2404", "rhel8", "rhel9", "rocky8", "rocky9"] = Field(

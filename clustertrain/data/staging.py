@@ -26,7 +26,7 @@ from clustertrain.data.preprocess import prepare_dataset, resolve_inputs
 from clustertrain.data.tokenizers import load_tokenizer
 from clustertrain.data.validate import validate_dataset
 from clustertrain.errors import DataError
-from clustertrain.project import DataConfig
+from clustertrain.data.config import DataConfig
 
 BUILTIN = {"builtin:shakespeare": "shakespeare.jsonl.gz"}
 

@@ -1,6 +1,7 @@
 """The ``launch:`` section of the project file: how Slurm jobs are submitted and kept alive.
 
-A leaf module (it imports nothing from clustertrain but errors), so that ``project.py`` can compose it.
+It imports nothing from clustertrain but :mod:`clustertrain.schema` (the strict base), so that
+``project.py`` can compose it.
 Where Slurm output files go is not a launch setting: it follows the storage layout
 (``storage.logs``, see :mod:`clustertrain.layout`).
 
@@ -25,7 +26,9 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+
+from clustertrain.schema import StrictModel
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: Signals the trainer turns into "finish the step, save, exit" (see clustertrain.train.signals).
@@ -38,10 +41,8 @@ def _no_control_chars(value: str, what: str) -> str:
     return value
 
 
-class LaunchConfig(BaseModel):
+class LaunchConfig(StrictModel):
     """How `clustertrain submit` renders and submits Slurm batch jobs."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     python: str | None = Field(
         None,
@@ -105,5 +106,5 @@ class LaunchConfig(BaseModel):
 
 
 def launch_config_of(project: Any) -> LaunchConfig:
-    """The project's ``launch`` section, or the defaults when the project model has none yet."""
-    return getattr(project, "launch", None) or LaunchConfig()
+    """The project's ``launch`` section (``Project.launch``, defaults filled in)."""
+    return project.launch

@@ -1,5 +1,5 @@
 """Project-file sections owned by the planner: ``plan:`` (project level) and ``models[].plan``.
-A leaf module: it imports nothing from clustertrain but errors, so project.py can compose it.
+It imports nothing from clustertrain but :mod:`clustertrain.schema` (the strict base), so project.py can compose it.
 
 Project-level settings are defaults; a model's ``plan:`` section overrides the layout ones
 (tp, pp, zero_stage, recompute, sequence_parallel, assumed_mfu) for that model only. The plan is
@@ -11,16 +11,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from clustertrain.schema import StrictModel
 
 Recompute = Literal["none", "selective", "full"]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class PriceConfig(_Strict):
+class PriceConfig(StrictModel):
     """An hourly price with where and when it was taken (prices drift; say where yours came from)."""
 
     per_hour: float = Field(..., gt=0, description="Price in USD per instance-hour.")
@@ -32,7 +30,7 @@ class PriceConfig(_Strict):
     source: str | None = Field(None, description="Where the figure came from (price list URL, quote, document).")
 
 
-class InstanceConfig(_Strict):
+class InstanceConfig(StrictModel):
     """An instance type for the catalog: a new entry needs every hardware field; an override of a
     catalog entry may give only the fields it changes."""
 
@@ -50,7 +48,7 @@ class InstanceConfig(_Strict):
     price: PriceConfig | None = Field(None, description="Hourly price with region and date.")
 
 
-class PlanConfig(_Strict):
+class PlanConfig(StrictModel):
     cluster_nodes: int | None = Field(
         None, ge=1,
         description="Nodes in the whole cluster, shared by all models trained at once (the planner allocates them). "
@@ -95,7 +93,7 @@ class PlanConfig(_Strict):
     )
 
 
-class ModelPlanConfig(_Strict):
+class ModelPlanConfig(StrictModel):
     nodes: int | None = Field(
         None, ge=1, description="Fixed number of nodes for this model; `clustertrain submit` runs its job on them. Default: the "
         "planner's allocation when `plan.cluster_nodes` is set, else `cluster.nodes`.",

@@ -70,11 +70,15 @@ class ModelShape:
         return self.layers * per_layer + 2 + self.norm_tensors + (0 if self.tie_embeddings else 1)
 
     def flops_per_token(self) -> float:
-        """Training FLOPs per token: the trainer's formula (``clustertrain.train.model.flops_per_token``),
-        6·N(non-embedding) + 6·L·H·head_dim·seq. Written here again because that module imports torch and
-        the planner must not (``submit`` plans every model in about a second);
-        ``tests/unit/plan/test_shape_memory.py`` checks that both agree."""
-        return 6.0 * self.non_embedding_params() + 6.0 * self.layers * self.heads * self.head_dim * self.seq_len
+        """Training FLOPs per token of this shape (:func:`training_flops_per_token`)."""
+        return training_flops_per_token(self.non_embedding_params(), self.layers, self.heads, self.head_dim, self.seq_len)
+
+
+def training_flops_per_token(non_embedding_params: int, layers: int, heads: int, head_dim: int, seq_len: int) -> float:
+    """Training FLOPs per token, the one formula planner and trainer (MFU) share: 6·N for the
+    non-embedding matmuls (forward + backward) + 6·L·H·head_dim·seq for attention's QK^T and AV with
+    the causal half counted. ``tests/unit/train/test_model.py`` checks it against torch's FLOP counter."""
+    return 6.0 * non_embedding_params + 6.0 * layers * heads * head_dim * seq_len
 
 
 def model_vocab(arch, tokenizer: str) -> int:

@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from clustertrain.project import ArchConfig
+from clustertrain.plan.shape import training_flops_per_token
+from clustertrain.train.config import ArchConfig
 
 
 def padded_vocab(arch: ArchConfig, tokenizer_vocab: int) -> int:
@@ -116,6 +117,6 @@ class GPT(nn.Module):
 
 
 def flops_per_token(arch: ArchConfig, non_embedding_params: int) -> float:
-    """Training FLOPs per token: 6·N (N without embeddings) + 6·L·H·head_dim·seq for attention
-    (forward+backward of QK^T and AV with the causal half counted). The planner uses the same formula."""
-    return 6.0 * non_embedding_params + 6.0 * arch.layers * arch.heads * arch.head_dim * arch.seq_len
+    """Training FLOPs per token of ``arch`` with ``non_embedding_params`` (the planner's formula,
+    :func:`clustertrain.plan.shape.training_flops_per_token`)."""
+    return training_flops_per_token(non_embedding_params, arch.layers, arch.heads, arch.head_dim, arch.seq_len)

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from clustertrain.project import TrainingConfig
+from clustertrain.train.config import TrainingConfig
 
 
 def build_optimizer(model: nn.Module, cfg: TrainingConfig) -> torch.optim.AdamW:

@@ -139,3 +139,42 @@ def test_cli_seq_len_longer_than_the_data_exits_2(tmp_path):
     assert "seq_len=4000000 needs 4000001 tokens per sample but builtin:shakespeare gives only" in proc.stderr
     assert "lower seq_len or add data" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_sections_live_in_their_stages_and_import_no_project_or_heavy_library():
+    """project.py keeps the root; each section model is a leaf of its stage, so composing them is no cycle."""
+    import ast
+
+    from clustertrain import project
+    from clustertrain.data.config import DataConfig
+    from clustertrain.schema import StrictModel
+    from clustertrain.train.config import ArchConfig, ParallelismConfig, TrainingConfig
+
+    entry = project.ModelEntry.model_fields
+    assert (entry["model"].annotation, entry["training"].annotation) == (ArchConfig, TrainingConfig)
+    assert (entry["parallelism"].annotation, entry["data"].annotation) == (ParallelismConfig, DataConfig)
+    sections = ("train/config.py", "data/config.py", "plan/config.py", "launch/config.py", "cloud/config.py", "cloud/limits.py")
+    allowed = {"clustertrain.schema", "clustertrain.errors", "clustertrain.cloud.limits"}
+    for rel in (*sections, "project.py"):
+        tree = ast.parse((ROOT / "clustertrain" / rel).read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        ours = {m for m in imported if m.startswith("clustertrain")}
+        assert "clustertrain.layout" not in ours, rel  # layout derives paths from a project, not the reverse
+        if rel != "project.py":
+            assert ours <= allowed, (rel, ours - allowed)
+
+    def strict_models(cls: type) -> set[type]:
+        out = {cls}
+        for field in cls.model_fields.values():
+            for arg in (field.annotation, *getattr(field.annotation, "__args__", ())):
+                for sub in (arg, *getattr(arg, "__args__", ())):
+                    if isinstance(sub, type) and hasattr(sub, "model_fields") and sub not in out:
+                        out |= strict_models(sub)
+        return out
+
+    models = strict_models(project.Project)
+    assert len(models) > 15 and all(issubclass(m, StrictModel) for m in models), [m for m in models if not issubclass(m, StrictModel)]
+    code = ("import sys, clustertrain.project; "
+            "print([m for m in ('torch', 'numpy', 'boto3', 'tokenizers', 'pcluster', 'jinja2') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"

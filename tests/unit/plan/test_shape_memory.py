@@ -1,4 +1,4 @@
-"""Parameter counts, FLOPs and the memory formulas — against the real trainer's tensors and against
+"""Parameter counts and the memory formulas — against the real trainer's tensors and against
 hand-computed cases (Korthikanti et al. 2022 Table 2; a 7B GPT with TP 8, ZeRO-1 over 64 GPUs)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import torch
 
 from clustertrain.plan.memory import Layout, estimate_memory, layer_activation_bytes, stage_params, structure_problems
 from clustertrain.plan.shape import ModelShape
-from clustertrain.project import ArchConfig, TrainingConfig
-from clustertrain.train.model import GPT, flops_per_token
+from clustertrain.train.config import ArchConfig, TrainingConfig
+from clustertrain.train.model import GPT
 from clustertrain.train.optim import build_optimizer
 
 ARCHS = [
@@ -20,14 +20,13 @@ ARCHS = [
 
 
 @pytest.mark.parametrize("kw", ARCHS)
-def test_param_counts_and_flops_match_the_trainer_model(kw):
+def test_param_counts_match_the_trainer_model(kw):
     arch = ArchConfig(**kw)
     model = GPT(arch, 320)
     shape = ModelShape.from_arch(arch, 320)
     assert shape.total_params() == model.num_params()
     assert shape.non_embedding_params() == model.num_params(non_embedding=True)
     assert shape.param_tensors() == len(list(model.parameters()))
-    assert shape.flops_per_token() == flops_per_token(arch, model.num_params(non_embedding=True))
 
 
 @pytest.mark.parametrize("kw", ARCHS)

@@ -1,0 +1,116 @@
+"""Project-file sections owned by the trainer: ``models[].model`` (:class:`ArchConfig`),
+``models[].training`` (:class:`TrainingConfig`) and ``models[].parallelism`` (:class:`ParallelismConfig`).
+
+:mod:`clustertrain.project` composes them into a model entry; the trainer, the planner and the
+preflights read them. Pure pydantic: importing this module imports no torch (it is read by the CLI).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from clustertrain.schema import StrictModel
+
+
+class ArchConfig(StrictModel):
+    layers: int = Field(..., ge=1, description="Transformer blocks.")
+    hidden: int = Field(..., ge=8, description="Model width (d_model).")
+    heads: int = Field(..., ge=1, description="Attention heads; must divide `hidden`.")
+    seq_len: int = Field(..., ge=8, description="Context length in tokens (each sample is seq_len + 1 tokens).")
+    vocab: int | None = Field(
+        None, ge=2, description="Vocabulary size. Default: the tokenizer's vocabulary (rounded up to a multiple of 64)."
+    )
+    ffn_hidden: int | None = Field(None, ge=8, description="MLP width. Default: 4 x hidden (gelu) or 8/3 x hidden rounded to 64 (swiglu).")
+    mlp: Literal["gelu", "swiglu"] = Field("gelu", description="MLP type.")
+    norm: Literal["layernorm", "rmsnorm"] = Field("layernorm", description="Normalisation (pre-norm).")
+    tie_embeddings: bool = Field(True, description="Share the input embedding with the output projection.")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout probability (residual and attention).")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def ffn_dim(self) -> int:
+        if self.ffn_hidden is not None:
+            return self.ffn_hidden
+        if self.mlp == "swiglu":
+            return ((8 * self.hidden // 3) + 63) // 64 * 64
+        return 4 * self.hidden
+
+    @model_validator(mode="after")
+    def _check(self) -> "ArchConfig":
+        if self.hidden % self.heads:
+            raise ValueError(
+                f"heads ({self.heads}) must divide hidden ({self.hidden}); e.g. heads={_divisor_near(self.hidden, self.heads)}"
+            )
+        return self
+
+
+def _divisor_near(n: int, k: int) -> int:
+    return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: (abs(d - k), d))
+
+
+class TrainingConfig(StrictModel):
+    max_steps: int = Field(..., description="Optimizer steps to train.")
+    micro_batch: int = Field(8, ge=1, description="Samples per rank per forward/backward.")
+    global_batch: int = Field(
+        16, ge=1, description="Samples per optimizer step over all ranks; gradient accumulation makes up the rest."
+    )
+    lr: float = Field(3e-4, gt=0, description="Peak learning rate.")
+    min_lr: float = Field(3e-5, ge=0, description="Learning rate at the end of the decay.")
+    schedule: Literal["cosine", "linear", "constant"] = Field("cosine", description="Decay after warmup.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warmup steps from 0 to `lr`.")
+    weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay (not applied to norms and biases).")
+    beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1.")
+    beta2: float = Field(0.95, ge=0, lt=1, description="AdamW beta2.")
+    eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
+    grad_clip: float = Field(1.0, ge=0, description="Clip the global gradient norm to this (0 = off).")
+    seed: int = Field(1234, ge=0, description="Seed for initialisation, data order and dropout.")
+    checkpoint_every: int = Field(100, ge=1, description="Save a checkpoint every N steps (and always at the end).")
+    backup_every: int | None = Field(
+        None, ge=1, description="Back up every Nth checkpoint (steps that are multiples of N x checkpoint_every) to "
+        "storage.checkpoint_bucket in the background while training goes on; the last checkpoint of a run is always backed up. "
+        "Unset: only that last one.",
+    )
+    keep_last: int = Field(3, ge=1, description="Checkpoints kept; older ones are deleted after a successful save.")
+    log_every: int = Field(10, ge=1, description="Log metrics every N steps.")
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="`auto`: bf16 autocast on GPU, fp32 on CPU."
+    )
+
+    @field_validator("max_steps")
+    @classmethod
+    def _positive_steps(cls, v: int) -> int:
+        if v <= 0:
+            raise ValueError(f"max_steps must be a positive number of steps, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> "TrainingConfig":
+        if self.global_batch % self.micro_batch:
+            raise ValueError(
+                f"global_batch ({self.global_batch}) must be a multiple of micro_batch ({self.micro_batch})"
+            )
+        if self.min_lr > self.lr:
+            raise ValueError(f"min_lr ({self.min_lr}) must not exceed lr ({self.lr})")
+        return self
+
+
+class ParallelismConfig(StrictModel):
+    dp: int | Literal["auto"] = Field("auto", description="Data-parallel degree; `auto` = world size / (tp x pp).")
+    tp: int = Field(1, ge=1, description="Tensor-parallel degree (only 1 is implemented yet).")
+    pp: int = Field(1, ge=1, description="Pipeline-parallel degree (only 1 is implemented yet).")
+
+    @model_validator(mode="after")
+    def _check(self) -> "ParallelismConfig":
+        for key in ("tp", "pp"):
+            if getattr(self, key) != 1:
+                raise ValueError(
+                    f"{key}={getattr(self, key)} is not implemented yet: this version trains with data parallelism only; set parallelism.{key}=1"
+                )
+        if self.dp != "auto" and self.dp < 1:
+            raise ValueError("dp must be 'auto' or a positive integer")
+        return self

@@ -22,6 +22,7 @@ from clustertrain.errors import LaunchError
 from clustertrain.launch.config import LaunchConfig
 from clustertrain.launch.sbatch import build_request, render_script, sbatch_quote, srun_command
 from clustertrain.project import validate_project
+from tests.support import golden
 
 GOLDEN = Path(__file__).parent / "golden"
 HOSTILE_NAME = "x'; touch INJECTED; echo '"
@@ -46,12 +47,7 @@ def golden_text(request) -> str:
 
 
 def check_golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("CLUSTERTRAIN_UPDATE_GOLDEN"):
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(text)
-    assert path.exists(), f"{path} missing; run with CLUSTERTRAIN_UPDATE_GOLDEN=1 once and review it"
-    assert text == path.read_text(), f"rendered script differs from {path}; if intended, regenerate (see module doc)"
+    golden.check_golden(GOLDEN / name, text)
 
 
 def test_golden_container_p5e():

@@ -19,6 +19,7 @@ from clustertrain.validate.suite import (
     JobOutcome, SuiteConfig, SuitePaths, SuiteReport, gather, job_rows, plan_suite, suite_context,
 )
 from clustertrain.validate.suite_checks import CHECKS, gpu_efa, smoke, storage
+from tests.support.golden import check_golden
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PROJECT = """
@@ -168,7 +169,6 @@ def test_golden_collectives_job_and_its_config(tmp_path):
     """The rendered script and config file of the CPU collectives job, byte for byte (regenerate after an intended
     change with ``CLUSTERTRAIN_UPDATE_GOLDEN=1 pytest tests/unit/validate/test_suite_units.py`` and review the diff)."""
     import dataclasses
-    import os
 
     from clustertrain.validate.suite import render_job
 
@@ -183,9 +183,4 @@ def test_golden_collectives_job_and_its_config(tmp_path):
     rendered = {"validate_collectives_cpu.sh": render_job(coll, paths), "validate_collectives_cpu.json": config_text}
     assert config_path == paths.config("collectives")
     for name, text in rendered.items():
-        golden = GOLDEN / name
-        if os.environ.get("CLUSTERTRAIN_UPDATE_GOLDEN"):
-            golden.parent.mkdir(exist_ok=True)
-            golden.write_text(text)
-        assert golden.exists(), f"{golden} missing; run with CLUSTERTRAIN_UPDATE_GOLDEN=1 once and review it"
-        assert text == golden.read_text(), f"rendered text differs from {golden}; if intended, regenerate (see docstring)"
+        check_golden(GOLDEN / name, text)

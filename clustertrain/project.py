@@ -46,6 +46,7 @@ from clustertrain.launch.config import LaunchConfig
 from clustertrain.plan.config import ModelPlanConfig, PlanConfig
 from clustertrain.schema import StrictModel, read_yaml, validate_model
 from clustertrain.train.config import ArchConfig, ParallelismConfig, TrainingConfig
+from clustertrain.train.layout import node_problems, structure_problems, world_problems
 
 #: prefixes below aws.buckets.checkpoints / aws.buckets.data that runs write by default
 CHECKPOINT_PREFIX = "checkpoints"
@@ -237,18 +238,18 @@ class Project(StrictModel):
             if m.name in seen:
                 raise ValueError(f"models[{i}].name {m.name!r} is used twice; model names must be unique")
             seen.add(m.name)
-            if self.plan.cluster_nodes is not None:
-                continue  # models share the cluster: the planner allocates (or checks a pinned plan.nodes) and reports
+            for field, problem in structure_problems(m.model, m.parallelism):
+                raise ValueError(f"models[{i}].{field}: {problem}")
+            p = m.parallelism
+            if self.plan.cluster_nodes is not None:  # models share the cluster: the planner allocates and reports
+                for field, problem in node_problems(p, self.cluster.ranks_per_node)[:1]:
+                    raise ValueError(f"models[{i}].{field}: {problem}")
+                continue
             nodes = m.plan.nodes or self.cluster.nodes
             world = nodes * self.cluster.ranks_per_node
-            p = m.parallelism
-            if world % (p.tp * p.pp):
-                raise ValueError(f"models[{i}]: world size {world} is not divisible by tp x pp = {p.tp * p.pp}")
+            for field, problem in world_problems(p, world, self.cluster.ranks_per_node)[:1]:
+                raise ValueError(f"models[{i}].{field}: {problem} ({nodes} node(s) x {self.cluster.ranks_per_node} ranks)")
             dp = world // (p.tp * p.pp)
-            if p.dp != "auto" and p.dp != dp:
-                raise ValueError(
-                    f"models[{i}].parallelism.dp={p.dp} but {nodes} node(s) x {self.cluster.ranks_per_node} ranks give dp={dp}; set dp: auto"
-                )
             t = m.training
             if t.global_batch % (t.micro_batch * dp):
                 raise ValueError(

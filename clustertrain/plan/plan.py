@@ -17,6 +17,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
+from clustertrain.train.layout import param_dtype_for
 from clustertrain.plan.allocate import DAY, Allocation, Evaluation, Hardware, ModelSpec, allocate, evaluate
 from clustertrain.plan.catalog import Instance, find_instance, load_catalog
 from clustertrain.plan.frameworks import Adjustment, effective_settings
@@ -121,7 +122,7 @@ def model_spec(project, index: int, entry, default_mfu: float, cpu: bool) -> tup
     mp, t, pc = entry.plan, entry.training, project.plan
     fw, used, adjustments = effective_settings(project, index, entry)
     shape = ModelShape.from_arch(entry.model, model_vocab(entry.model, entry.data.tokenizer))
-    precision = "fp32" if t.precision == "fp32" or (t.precision == "auto" and cpu) else "bf16"
+    precision = param_dtype_for(entry.parallelism, on_gpu=not cpu)
     tokens = mp.tokens or t.max_steps * t.global_batch * entry.model.seq_len
     spec = ModelSpec(
         name=entry.name, shape=shape, tokens=tokens, global_batch=t.global_batch, micro_batch=t.micro_batch,

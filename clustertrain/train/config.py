@@ -77,9 +77,14 @@ class TrainingConfig(StrictModel):
     )
     keep_last: int = Field(3, ge=1, description="Checkpoints kept; older ones are deleted after a successful save.")
     log_every: int = Field(10, ge=1, description="Log metrics every N steps.")
-    precision: Literal["auto", "fp32", "bf16"] = Field(
-        "auto", description="`auto`: bf16 autocast on GPU, fp32 on CPU."
-    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: object) -> object:
+        if isinstance(data, dict) and "precision" in data:
+            raise ValueError("precision moved to models[].parallelism.param_dtype (auto | bf16 | fp32), which the planner "
+                             "reads too; replace training.precision with parallelism.param_dtype")
+        return data
 
     @field_validator("max_steps")
     @classmethod
@@ -99,18 +104,69 @@ class TrainingConfig(StrictModel):
         return self
 
 
+ZERO_STAGES = {
+    0: "replicate: DDP (every rank holds the whole model and its AdamW states)",
+    3: "FSDP2 full shard: parameters, gradients and AdamW states sharded over the data-parallel ranks",
+}
+
+
 class ParallelismConfig(StrictModel):
+    """How one model's ranks split the work — read by the planner and the trainer alike
+    (:mod:`clustertrain.train.layout` resolves it against a world size)."""
+
     dp: int | Literal["auto"] = Field("auto", description="Data-parallel degree; `auto` = world size / (tp x pp).")
-    tp: int = Field(1, ge=1, description="Tensor-parallel degree (only 1 is implemented yet).")
+    tp: int = Field(1, ge=1, description="Tensor-parallel degree (DTensor: q/k/v and MLP column-wise, outputs row-wise, "
+                    "vocabulary-sharded embedding and output layer). Divides heads, ffn width and the vocabulary; at most the GPUs of a node.")
     pp: int = Field(1, ge=1, description="Pipeline-parallel degree (only 1 is implemented yet).")
+    zero_stage: int = Field(
+        0, description="How the data-parallel dimension shards: `0` = replicate (DDP), `3` = FSDP2 full shard (parameters, "
+        "gradients and AdamW states split over dp). 1 and 2 are refused: FSDP2 has no honest equivalent (use 3 with "
+        "`reshard_after_forward: false` for ZeRO-2-like communication). tp > 1 needs 3.",
+    )
+    reshard_after_forward: bool = Field(
+        True, description="FSDP2 (zero_stage 3): free each block's gathered parameters after its forward and gather them "
+        "again for backward (less memory); `false` keeps them until backward (one all-gather less per block, ZeRO-2-like memory).",
+    )
+    recompute: Literal["none", "selective", "full"] = Field(
+        "none", description="Activation checkpointing per block: `selective` recomputes the attention core "
+        "(Korthikanti et al. 2022), `full` keeps only each block's input and recomputes the block in backward.",
+    )
+    sequence_parallel: bool = Field(
+        False, description="Megatron sequence parallelism (tp > 1): norms, dropout and the residual stream split along the sequence."
+    )
+    compile: bool = Field(False, description="torch.compile each transformer block (needs a working compiler: "
+                          "Triton on GPU, a C++ compiler on CPU).")
+    param_dtype: Literal["auto", "bf16", "fp32"] = Field(
+        "auto", description="Compute dtype of the weights: `bf16` (FSDP2: bf16 gathered parameters over fp32 sharded master "
+        "weights; DDP: bf16 autocast over fp32 weights) or `fp32`. `auto`: bf16 on GPUs, fp32 on CPU workers.",
+    )
+    reduce_dtype: Literal["fp32", "bf16"] = Field(
+        "fp32", description="Dtype of the gradient reduction over dp (FSDP2 only; DDP reduces fp32 gradients)."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("zero_stage") in (1, 2):
+            raise ValueError(
+                f"zero_stage {data['zero_stage']} is not offered: FSDP2 shards parameters, gradients and optimizer states "
+                "together; use zero_stage: 3 (add reshard_after_forward: false for ZeRO-2-like traffic) or 0 (DDP)"
+            )
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> "ParallelismConfig":
-        for key in ("tp", "pp"):
-            if getattr(self, key) != 1:
-                raise ValueError(
-                    f"{key}={getattr(self, key)} is not implemented yet: this version trains with data parallelism only; set parallelism.{key}=1"
-                )
+        if self.pp != 1:
+            raise ValueError(f"pp={self.pp} is not implemented yet: pipeline parallelism is the next trainer issue; set parallelism.pp: 1")
+        if self.zero_stage not in ZERO_STAGES:
+            raise ValueError(f"zero_stage must be 0 (DDP) or 3 (FSDP2 full shard), got {self.zero_stage}")
         if self.dp != "auto" and self.dp < 1:
             raise ValueError("dp must be 'auto' or a positive integer")
+        if self.tp > 1 and self.zero_stage == 0:
+            raise ValueError(f"tp={self.tp} needs zero_stage: 3 (FSDP2 over the data-parallel ranks): DDP does not take "
+                             "tensor-parallel (DTensor) parameters")
+        if self.sequence_parallel and self.tp == 1:
+            raise ValueError("sequence_parallel needs tp > 1; set parallelism.tp or drop sequence_parallel")
+        if self.reduce_dtype == "bf16" and self.zero_stage == 0:
+            raise ValueError("reduce_dtype bf16 needs zero_stage: 3 (DDP reduces fp32 gradients)")
         return self

@@ -192,7 +192,7 @@ def test_cli_dry_run_prints_the_script_and_touches_nothing(tmp_path):
 def test_each_model_runs_on_the_plans_node_count_not_cluster_nodes():
     """Issue 12 item 3: with plan.cluster_nodes, the planner's allocation is the job size (here 6 x 11 + 1 x 14)."""
     models = [{"name": f"model-{i}", "model": {"layers": 24, "hidden": 2048, "heads": 16, "seq_len": 4096, "vocab": 32000},
-               "training": {"max_steps": 10, "micro_batch": 1, "global_batch": 1232, "precision": "bf16"},
+               "training": {"max_steps": 10, "micro_batch": 1, "global_batch": 1232},
                "plan": {"tokens": 127_000_000_000 if i == 7 else 100_000_000_000}} for i in range(1, 8)]
     p = validate_project({"name": "fleet", "cluster": {"backend": "slurm", "nodes": 11, "gpus_per_node": 8,
                                                        "instance_type": "p5e.48xlarge"},

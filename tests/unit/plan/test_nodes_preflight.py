@@ -27,8 +27,8 @@ def fleet(models: list[dict], cluster: dict | None = None, plan: dict | None = N
     entries = []
     for m in models:
         entry = {"name": m["name"], "model": {"layers": 24, "hidden": 2048, "heads": 16, "seq_len": 4096, "vocab": 32000},
-                 "training": {"max_steps": 1000, "micro_batch": 1, "global_batch": m.get("global_batch", 1232),
-                              "precision": "bf16"},
+                 "training": {"max_steps": 1000, "micro_batch": 1, "global_batch": m.get("global_batch", 1232)},
+                 "parallelism": {"param_dtype": "bf16"},
                  "plan": {"tokens": m.get("tokens", 100_000_000_000), **m.get("plan", {})}}
         entries.append(entry)
     raw = {"name": "fleet", "cluster": {"backend": "slurm", "nodes": 11, "gpus_per_node": 8, "instance_type": "p5e.48xlarge",

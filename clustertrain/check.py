@@ -10,7 +10,7 @@ layout             every path a job reads or writes is on a shared file system o
                    ``aws:`` section (:mod:`clustertrain.layout`)
 cluster            ParallelCluster schema, pcluster's own offline validators and our rules on
                    the generated config; project-level ``aws:`` checks (:mod:`clustertrain.cloud.preflight`)
-plan               each model is feasible for what its framework implements (:mod:`clustertrain.plan.preflight`)
+plan               each model is feasible with its ``parallelism`` layout (:mod:`clustertrain.plan.preflight`)
 data               data source present or publishable, tokenizer loadable, ``model.vocab`` matches it
                    (:mod:`clustertrain.data.preflight`)
 launch             interpreter or image available on every node, time limit vs checkpoint

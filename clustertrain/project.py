@@ -329,16 +329,22 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
             if last:
                 node[idx] = value
             else:
+                node[idx] = _own(node[idx])
                 node = node[idx]
         elif isinstance(node, dict):
             if last:
                 node[part] = value
             else:
-                if node.get(part) is None:
-                    node[part] = {}
+                node[part] = {} if node.get(part) is None else _own(node[part])
                 node = node[part]
         else:
             raise ConfigError(f"--set {key}: {'.'.join(parts[:i])} is a value, not a section")
+
+
+def _own(node: Any) -> Any:
+    """A shallow copy of a section on an override's path: YAML anchors and merge keys (``<<: *small``) share
+    one object between models, and an override of one model must not change the others."""
+    return dict(node) if isinstance(node, dict) else list(node) if isinstance(node, list) else node
 
 
 def _list_index(node: list, part: str) -> int | None:

@@ -4,8 +4,8 @@ allocation of a cluster's nodes across models — and what is wrong with it.
 Public API (loaded lazily: project.py imports ``clustertrain.plan.config`` while it is itself
 being imported, so this package must not import project-dependent modules eagerly):
 ``make_plan``, ``Plan``, ``ModelPlan``, ``ClusterTotals``, ``render_plan``, ``Calibration``,
-``load_catalog``, ``Instance``, ``ModelShape``, ``Layout``, ``MemoryEstimate``, ``estimate_memory``,
-``ModelSpec``, ``Hardware``, ``evaluate``.
+``load_catalog``, ``Instance``, ``ModelShape``, ``parameter_tensors``, ``MemoryEstimate``, ``estimate_memory``,
+``trainer_state_bytes``, ``ModelSpec``, ``Hardware``, ``evaluate``.
 
 The functions ``calibrate`` and ``allocate`` share their module's name: import them from
 ``clustertrain.plan.calibrate`` and ``clustertrain.plan.allocate`` (as a package attribute, the
@@ -26,7 +26,8 @@ _PUBLIC = {
     "load_catalog": "clustertrain.plan.catalog",
     "Instance": "clustertrain.plan.catalog",
     "ModelShape": "clustertrain.plan.shape",
-    "Layout": "clustertrain.plan.memory",
+    "parameter_tensors": "clustertrain.plan.shape",
+    "trainer_state_bytes": "clustertrain.plan.memory",
     "MemoryEstimate": "clustertrain.plan.memory",
     "estimate_memory": "clustertrain.plan.memory",
     "ModelSpec": "clustertrain.plan.allocate",

@@ -1,12 +1,18 @@
 """Feasibility of one model on a number of GPUs, and the allocation of a cluster's nodes across
 models so that they finish as close together as possible.
 
+A model is planned with its ``models[].parallelism`` section — the one the trainer reads — resolved
+for each candidate world size by :func:`clustertrain.train.layout.resolve_layout`. A count is *valid*
+for a model when its framework implements the section, the layout splits the model
+(``structure_problems``) and fits a node (``node_problems``) and the world (``world_problems``: world
+size divisible by tp x pp, a fixed ``dp`` matching), ``global_batch`` is divisible by
+``micro_batch x dp``, the memory fits (:mod:`clustertrain.plan.memory`) and the deadline is met.
+Layout problems name their field, e.g. ``models[6].parallelism.tp: ...``.
+
 Time: training FLOPs = flops_per_token x tokens (the trainer's MFU formula); time on g GPUs =
-FLOPs / (g x peak x MFU). Allocation: every model gets a count of whole nodes (or GPUs with
-node sharing) that is valid for it — world size divisible by tp x pp, global_batch divisible by
-micro_batch x dp, memory fits, deadline met; the smallest makespan T is found over all candidate
-finish times (the least T for which the per-model minimum counts fit the cluster); nodes still
-free then go one valid step at a time to the model that finishes last.
+FLOPs / (g x peak x MFU). Allocation: the smallest makespan T is found over all candidate finish
+times (the least T for which the per-model minimum counts fit the cluster); nodes still free then go
+one valid step at a time to the model that finishes last.
 """
 
 from __future__ import annotations
@@ -14,8 +20,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from clustertrain.plan.frameworks import BUILTIN, Framework
-from clustertrain.plan.memory import GiB, Layout, MemoryEstimate, estimate_memory, memory_budget, structure_problems
+from clustertrain.plan.memory import GiB, MemoryEstimate, estimate_memory, memory_budget
 from clustertrain.plan.shape import ModelShape
+from clustertrain.train.config import ArchConfig, ParallelismConfig
+from clustertrain.train.layout import (
+    ParallelLayout,
+    node_problems,
+    param_dtype_for,
+    resolve_layout,
+    structure_problems,
+    world_problems,
+)
 
 DAY = 86400.0
 
@@ -29,22 +44,35 @@ class ModelSpec:
     tokens: int
     global_batch: int
     micro_batch: int = 1
-    tp: int = 1
-    pp: int = 1
-    zero_stage: int = 0
-    recompute: str = "none"
-    sequence_parallel: bool = False
+    parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
+    arch: ArchConfig | None = None     # the project's model section (default: built from ``shape``)
+    on_gpu: bool = True                # decides param_dtype: auto
     flash_attention: bool = True
-    precision: str = "bf16"
-    bf16_weights: str = "bf16"
     mfu: float = 0.40
     fixed_nodes: int | None = None
     deadline_days: float | None = None
     framework: Framework = BUILTIN
+    index: int | None = None           # position in the project's models: problems name models[index].<field>
 
     @property
     def total_flops(self) -> float:
         return self.shape.flops_per_token() * self.tokens
+
+    @property
+    def param_dtype(self) -> str:
+        return param_dtype_for(self.parallelism, self.on_gpu)
+
+    def path(self, name: str) -> str:
+        """``models[i].<name>`` (``<name>`` when the spec has no project index)."""
+        return name if self.index is None else f"models[{self.index}].{name}"
+
+    def architecture(self) -> ArchConfig:
+        if self.arch is not None:
+            return self.arch
+        sh = self.shape
+        return ArchConfig(layers=sh.layers, hidden=sh.hidden, heads=sh.heads, seq_len=sh.seq_len, vocab=sh.vocab,
+                          ffn_hidden=sh.ffn_dim, mlp=sh.mlp, norm=sh.norm, tie_embeddings=sh.tie_embeddings,
+                          dropout=sh.dropout)
 
 
 @dataclass(frozen=True)
@@ -61,7 +89,7 @@ class Evaluation:
     """One model on ``gpus`` ranks: layout, memory, time, and why it is infeasible (if it is)."""
 
     gpus: int
-    layout: Layout | None
+    layout: ParallelLayout | None
     memory: MemoryEstimate | None
     budget_bytes: int | None
     seconds: float | None
@@ -73,36 +101,40 @@ class Evaluation:
         return not self.reasons
 
 
+def layout_problems(spec: ModelSpec, hw: Hardware) -> list[str]:
+    """Why the model's parallelism cannot work on any node count: what its framework lacks, a tp that
+    does not split the model or does not fit a node — each naming its field."""
+    found = spec.framework.problems(spec.parallelism, spec.param_dtype)
+    found += structure_problems(spec.architecture(), spec.parallelism)
+    found += node_problems(spec.parallelism, hw.gpus_per_node)
+    return [f"{spec.path(f)}: {message}" for f, message in found]
+
+
 def evaluate(spec: ModelSpec, hw: Hardware, gpus: int) -> Evaluation:
-    reasons = structure_problems(spec.shape, spec.tp, spec.pp)
-    mp = spec.tp * spec.pp
+    structural = layout_problems(spec, hw)
+    reasons = list(structural)
+    par = spec.parallelism
     nodes = gpus / hw.gpus_per_node
     where = f"{nodes:g} node(s) x {hw.gpus_per_node} = {gpus} GPUs"
     layout = None
-    if gpus % mp:
-        reasons.append(f"world size {where} is not divisible by tp x pp = {mp}")
+    world = world_problems(par, gpus)
+    if world:
+        reasons += [f"{spec.path(f)}: {message} ({where})" for f, message in world]
     else:
-        dp = gpus // mp
-        if spec.global_batch % (spec.micro_batch * dp):
-            reasons.append(
-                f"global_batch {spec.global_batch} is not a multiple of micro_batch x dp = {spec.micro_batch} x {dp} on {where}"
-            )
-        layout = Layout(
-            tp=spec.tp, pp=spec.pp, dp=dp, micro_batch=spec.micro_batch,
-            grad_accum=max(1, spec.global_batch // (spec.micro_batch * dp)), zero_stage=spec.zero_stage,
-            recompute=spec.recompute, sequence_parallel=spec.sequence_parallel and spec.tp > 1,
-            flash_attention=spec.flash_attention, precision=spec.precision, bf16_weights=spec.bf16_weights,
-        )
+        layout = resolve_layout(par, gpus, spec.on_gpu)
+        if spec.global_batch % (spec.micro_batch * layout.dp):
+            reasons.append(f"global_batch {spec.global_batch} is not a multiple of micro_batch x dp = "
+                           f"{spec.micro_batch} x {layout.dp} on {where}")
     memory = budget = None
-    if layout is not None and not structure_problems(spec.shape, spec.tp, spec.pp):
-        memory = estimate_memory(spec.shape, layout, hw.framework_gib)
+    if layout is not None and not structural:
+        memory = estimate_memory(spec.shape, layout, spec.micro_batch, spec.flash_attention, hw.framework_gib)
         if hw.gpu_memory_gib is not None:
             budget = memory_budget(hw.gpu_memory_gib, hw.headroom)
             if memory.total_bytes > budget:
                 reasons.append(
-                    f"does not fit: needs {memory.total_bytes / GiB:.1f} GiB per GPU (pipeline stage {memory.stage}) but "
+                    f"does not fit: needs {memory.total_bytes / GiB:.1f} GiB per GPU ({layout.describe()}) but "
                     f"{budget / GiB:.1f} GiB is usable ({hw.gpu_memory_gib:g} GiB less {hw.headroom:.0%} headroom); "
-                    f"{_memory_hint(spec)}"
+                    f"{_memory_hint(spec, hw)}"
                 )
     seconds = step = None
     if hw.peak_flops:
@@ -113,24 +145,38 @@ def evaluate(spec: ModelSpec, hw: Hardware, gpus: int) -> Evaluation:
     return Evaluation(gpus, layout, memory, budget, seconds, step, reasons)
 
 
-def _memory_hint(spec: ModelSpec) -> str:
-    """What could make the model fit, among what its framework implements."""
-    fw = spec.framework
+def _next_tp(spec: ModelSpec, hw: Hardware) -> int | None:
+    """The smallest tp above the model's that its framework offers, splits the model and fits a node."""
+    par, arch = spec.parallelism, spec.architecture()
+    for tp in range(par.tp + 1, hw.gpus_per_node + 1):
+        if not spec.framework.offers_tp(tp):
+            break
+        trial = par.model_copy(update={"tp": tp})
+        if not structure_problems(arch, trial) and not node_problems(trial, hw.gpus_per_node):
+            return tp
+    return None
+
+
+def _memory_hint(spec: ModelSpec, hw: Hardware) -> str:
+    """What could make the model fit, among what its framework implements (fields of models[i])."""
+    fw, par = spec.framework, spec.parallelism
     tips = []
-    if any(z > spec.zero_stage for z in fw.zero_stages):
-        tips.append(f"zero_stage {min(z for z in fw.zero_stages if z > spec.zero_stage)}")
-    if spec.recompute != "full" and any(r not in ("none", spec.recompute) for r in fw.recompute):
-        tips.append("recompute: " + ("selective" if spec.recompute == "none" and "selective" in fw.recompute else "full"))
-    if any(t > spec.tp for t in fw.tp):
-        tips.append(f"tp {min(t for t in fw.tp if t > spec.tp)}")
-    elif any(p > spec.pp for p in fw.pp):
-        tips.append(f"pp {min(p for p in fw.pp if p > spec.pp)}")
+    if par.zero_stage == 0 and 3 in fw.zero_stages:
+        tips.append("parallelism.zero_stage: 3")
+    elif par.zero_stage == 3 and not par.reshard_after_forward:
+        tips.append("parallelism.reshard_after_forward: true")
+    if par.recompute != "full" and len(fw.recompute) > 1:
+        want = "selective" if par.recompute == "none" and "selective" in fw.recompute else "full"
+        if want in fw.recompute:
+            tips.append(f"parallelism.recompute: {want}")
+    tp = _next_tp(spec, hw) if 3 in fw.zero_stages else None
+    if tp is not None:
+        tips.append(f"parallelism.tp: {tp}" + (" with sequence_parallel: true" if fw.sequence_parallel else ""))
     if spec.micro_batch > 1:
-        tips.append("a smaller micro_batch")
+        tips.append("a smaller training.micro_batch")
     if tips:
         return "try " + ", ".join(tips)
-    lacks = fw.lacks()
-    return (f"the {fw.name} framework has no {lacks}: " if lacks else "") + "use a smaller model or GPUs with more memory"
+    return "use a smaller model or GPUs with more memory"
 
 
 @dataclass
@@ -142,10 +188,13 @@ class Allocation:
     idle_units: int
 
 
-def _why_never(spec: ModelSpec, evals: dict[int, Evaluation], total: int, unit: str) -> list[str]:
-    structural = structure_problems(spec.shape, spec.tp, spec.pp)
+def _why_never(spec: ModelSpec, hw: Hardware, evals: dict[int, Evaluation], total: int, unit: str) -> list[str]:
+    structural = layout_problems(spec, hw)
     if structural:
         return structural
+    layout_only = [ev for ev in evals.values() if ev.reasons and all(r.startswith(spec.path("parallelism.")) for r in ev.reasons)]
+    if len(layout_only) == len(evals):  # e.g. a fixed dp no count matches: name the field
+        return [f"{evals[total].reasons[0]}; no count from 1 to {total} {unit}s suits it"]
     memory_only = [u for u, ev in evals.items() if all(r.startswith("does not fit") for r in ev.reasons)]
     if memory_only:
         ev = evals[max(memory_only)]
@@ -179,7 +228,7 @@ def allocate(specs: list[ModelSpec], hw: Hardware, total_units: int, unit_gpus: 
         if ok:
             valid[spec.name] = ok
         else:
-            infeasible[spec.name] = _why_never(spec, evals, total_units, unit)
+            infeasible[spec.name] = _why_never(spec, hw, evals, total_units, unit)
 
     names = list(valid)
     minimum = {n: min(valid[n]) for n in names}

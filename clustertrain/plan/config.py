@@ -1,10 +1,11 @@
 """Project-file sections owned by the planner: ``plan:`` (project level) and ``models[].plan``.
 It imports nothing from clustertrain but :mod:`clustertrain.schema` (the strict base), so project.py can compose it.
 
-Project-level settings are defaults; a model's ``plan:`` section overrides the layout ones
-(tp, pp, zero_stage, recompute, sequence_parallel, assumed_mfu) for that model only. The plan is
-computed for what each model's framework implements (:mod:`clustertrain.plan.frameworks`); a setting
-here that the framework lacks is reported and replaced by the framework's own.
+These are planning inputs only (cluster size, MFU, headroom, tokens, deadlines, prices). How a
+model's ranks split the work — dp, tp, pp, zero_stage, recompute, sequence_parallel, param_dtype —
+lives in ``models[].parallelism`` (:class:`clustertrain.train.config.ParallelismConfig`), which the
+planner and the trainer both read; the planning-only copies that used to live here are refused in
+one line saying where they moved (:data:`MOVED`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,25 @@ from pydantic import Field, model_validator
 
 from clustertrain.schema import StrictModel
 
-Recompute = Literal["none", "selective", "full"]
+#: removed planning keys -> where the setting lives now (one line for a project that still has them)
+MOVED = {
+    "zero_stage": "moved to models[].parallelism.zero_stage (0 = DDP, 3 = FSDP2)",
+    "recompute": "moved to models[].parallelism.recompute (none | selective | full)",
+    "sequence_parallel": "moved to models[].parallelism.sequence_parallel (needs parallelism.tp > 1)",
+    "tp": "moved to models[].parallelism.tp",
+    "pp": "moved to models[].parallelism.pp",
+    "bf16_weights": "is gone: set models[].parallelism.param_dtype (bf16 | fp32), the compute dtype; master weights, "
+                    "gradients and AdamW states stay fp32",
+}
+
+
+def _refuse_moved(data: object, where: str, keys: tuple[str, ...]) -> object:
+    """Refuse a removed key in one line: ``<where><key> moved to models[].parallelism.<key> ...``."""
+    if isinstance(data, dict):
+        for key in keys:
+            if key in data:
+                raise ValueError(f"{where}{key} {MOVED[key]}; the planner and the trainer read the same field")
+    return data
 
 
 class PriceConfig(StrictModel):
@@ -64,23 +83,8 @@ class PlanConfig(StrictModel):
     framework_gib: float = Field(
         3.0, ge=0, description="Per-GPU allowance in GiB for the CUDA context, NCCL buffers and workspaces (stated, not measured)."
     )
-    zero_stage: Literal[0, 1, 2, 3] | None = Field(
-        None, description="Optimizer-state sharding over data-parallel ranks: 0 = DDP, 1 = optimizer states, "
-        "2 = + gradients, 3 = + parameters (FSDP full shard). Default: what each model's framework does (the built-in "
-        "trainer: 0). A stage the framework does not implement is reported, and the plan uses the framework's.",
-    )
-    recompute: Recompute = Field(
-        "none", description="Activation recomputation: `none`, `selective` (attention core, Korthikanti et al. 2022) or `full` (keep layer inputs only)."
-    )
-    sequence_parallel: bool = Field(False, description="Megatron sequence parallelism (splits the non-tensor-parallel activations by tp).")
     flash_attention: bool = Field(
         True, description="Attention kernels that do not store the s x s score matrix (scaled_dot_product_attention on GPU)."
-    )
-    bf16_weights: Literal["bf16", "fp32"] | None = Field(
-        None,
-        description="With bf16 training: `bf16` = bf16 weights and gradients plus fp32 master weights and moments (2+2+12 bytes/param, "
-        "ZeRO/Megatron); `fp32` = fp32 weights under autocast (4+4+8 bytes/param + a 2-byte autocast copy). Default: what "
-        "each model's framework does (the built-in trainer: fp32); a choice the framework lacks is reported and not used.",
     )
     node_sharing: bool = Field(
         False, description="Allow models to share a node (allocate GPUs instead of whole nodes)."
@@ -92,6 +96,11 @@ class PlanConfig(StrictModel):
         default_factory=dict, description="Catalog additions or overrides keyed by instance type (partial overrides merge into the catalog entry)."
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: object) -> object:
+        return _refuse_moved(data, "plan.", ("zero_stage", "recompute", "sequence_parallel", "bf16_weights"))
+
 
 class ModelPlanConfig(StrictModel):
     nodes: int | None = Field(
@@ -100,15 +109,9 @@ class ModelPlanConfig(StrictModel):
     )
     tokens: int | None = Field(None, ge=1, description="Token budget for planning (default: max_steps x global_batch x seq_len).")
     deadline_days: float | None = Field(None, gt=0, description="Training must finish within this many days; fewer nodes are infeasible.")
-    tp: int | None = Field(None, ge=1, description="Tensor-parallel degree to plan with (default: parallelism.tp); a degree the model's framework lacks is reported and not used.")
-    pp: int | None = Field(None, ge=1, description="Pipeline-parallel degree to plan with (default: parallelism.pp); a degree the model's framework lacks is reported and not used.")
-    zero_stage: Literal[0, 1, 2, 3] | None = Field(None, description="Overrides plan.zero_stage for this model.")
-    recompute: Recompute | None = Field(None, description="Overrides plan.recompute for this model.")
-    sequence_parallel: bool | None = Field(None, description="Overrides plan.sequence_parallel for this model.")
     assumed_mfu: float | None = Field(None, gt=0, le=1, description="Overrides the assumed MFU for this model.")
 
-    @model_validator(mode="after")
-    def _check(self) -> "ModelPlanConfig":
-        if self.sequence_parallel and self.tp == 1:
-            raise ValueError("plan.sequence_parallel needs tp > 1; set plan.tp or drop sequence_parallel")
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: object) -> object:
+        return _refuse_moved(data, "", ("tp", "pp", "zero_stage", "recompute", "sequence_parallel"))

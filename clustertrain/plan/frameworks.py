@@ -1,14 +1,15 @@
-"""What each training framework can do, as data: the planner computes a model's plan for what its
-framework implements, never for a setting the framework lacks.
+"""What each training framework can do, as data: a model's ``parallelism`` section is planned only
+when its framework implements it; a setting it lacks makes the model infeasible, naming the field
+(the trainer would refuse it too — the planner never plans a run that cannot start).
 
-A model's framework today is always the built-in trainer (``clustertrain.train``): DDP over every
-rank, fp32 weights, gradients and AdamW states with bf16 autocast on GPU, no tensor or pipeline
-parallelism, no activation recomputation, attention through ``scaled_dot_product_attention`` (flash
-kernels on GPU). When a model asks for more in its plan (``plan.zero_stage: 1``, ``models[].plan.tp: 2``,
-``plan.bf16_weights: bf16``...) the planner plans with what the framework does and says so, one
-:class:`Adjustment` per setting (see :func:`effective_settings`).
+A model's framework today is always the built-in trainer (``clustertrain.train``): DDP
+(``zero_stage: 0``) or FSDP2 full sharding (``zero_stage: 3``), tensor parallelism of any degree
+that splits the model (:func:`clustertrain.train.layout.structure_problems`) with sequence
+parallelism, no pipeline parallelism yet, activation recomputation ``none``/``selective``/``full``,
+bf16 or fp32 compute over fp32 master weights, attention through ``scaled_dot_product_attention``
+(flash kernels on GPU).
 
-To add a framework (the FSDP2/TP trainer issue): add a :class:`Framework` to :data:`FRAMEWORKS` and
+To add a framework (Megatron-LM, a later issue): add a :class:`Framework` to :data:`FRAMEWORKS` and
 return it from :func:`framework_of` for the models that use it; nothing else in the planner changes.
 """
 
@@ -20,109 +21,67 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Framework:
-    """The settings a framework implements; the first entry of each tuple is what it does by default."""
+    """The ``parallelism`` settings a framework implements."""
 
     name: str
     description: str
-    zero_stages: tuple[int, ...]          # optimizer/gradient/parameter sharding stages (0 = DDP)
-    tp: tuple[int, ...]                   # tensor-parallel degrees; (1,) = none
+    zero_stages: tuple[int, ...]          # 0 = replicate (DDP), 3 = full shard (FSDP2)
+    max_tp: int | None                    # largest tensor-parallel degree; None = any that splits the model
     pp: tuple[int, ...]                   # pipeline-parallel degrees; (1,) = none
-    weights: tuple[str, ...]              # bf16 training: "fp32" (fp32 weights under autocast) or "bf16" (+ fp32 master)
     recompute: tuple[str, ...]            # none | selective | full
     sequence_parallel: bool
+    param_dtypes: tuple[str, ...]         # compute dtypes: bf16 | fp32
     flash_attention: bool                 # attention without the s x s score matrix on GPU
 
-    def supports(self, setting: str, value: Any) -> bool:
-        allowed = {"zero_stage": self.zero_stages, "tp": self.tp, "pp": self.pp, "bf16_weights": self.weights,
-                   "recompute": self.recompute, "sequence_parallel": (False, True) if self.sequence_parallel else (False,)}
-        return value in allowed[setting]
+    def problems(self, par: Any, param_dtype: str) -> list[tuple[str, str]]:
+        """(field, problem) for each setting of ``par`` (a ``ParallelismConfig``; ``param_dtype`` resolved)
+        that this framework does not implement."""
+        out = []
 
-    def default(self, setting: str) -> Any:
-        return {"zero_stage": self.zero_stages[0], "tp": self.tp[0], "pp": self.pp[0], "bf16_weights": self.weights[0],
-                "recompute": self.recompute[0], "sequence_parallel": False}[setting]
+        def lacks(field: str, value: Any, offers: str) -> None:
+            out.append((f"parallelism.{field}", f"{field} {_show(value)} is not implemented by the {self.name} "
+                                                f"framework ({offers})"))
 
-    def lacks(self) -> str:
-        """What the framework does not offer, for hints ("ZeRO/FSDP sharding, tensor parallelism...")."""
-        missing = []
-        if max(self.zero_stages) == 0:
-            missing.append("ZeRO/FSDP sharding")
-        if self.tp == (1,):
-            missing.append("tensor parallelism")
-        if self.pp == (1,):
-            missing.append("pipeline parallelism")
-        if self.recompute == ("none",):
-            missing.append("activation recomputation")
-        return ", ".join(missing[:-1]) + (" or " if len(missing) > 1 else "") + missing[-1] if missing else ""
+        if par.zero_stage not in self.zero_stages:
+            lacks("zero_stage", par.zero_stage, "zero_stage: " + " or ".join(map(str, self.zero_stages)))
+        if self.max_tp is not None and par.tp > self.max_tp:
+            lacks("tp", par.tp, f"tp up to {self.max_tp}")
+        if par.pp not in self.pp:
+            lacks("pp", par.pp, "pp: " + " or ".join(map(str, self.pp)))
+        if par.recompute not in self.recompute:
+            lacks("recompute", par.recompute, "recompute: " + " | ".join(self.recompute))
+        if par.sequence_parallel and not self.sequence_parallel:
+            lacks("sequence_parallel", True, "no sequence parallelism")
+        if param_dtype not in self.param_dtypes:
+            lacks("param_dtype", param_dtype, "param_dtype: " + " | ".join(self.param_dtypes))
+        return out
 
+    def offers_tp(self, tp: int) -> bool:
+        return self.max_tp is None or tp <= self.max_tp
 
-BUILTIN = Framework(
-    name="builtin",
-    description="the built-in trainer (clustertrain.train): DDP, fp32 weights and AdamW states, bf16 autocast on GPU",
-    zero_stages=(0,), tp=(1,), pp=(1,), weights=("fp32",), recompute=("none",), sequence_parallel=False,
-    flash_attention=True,
-)
-
-FRAMEWORKS: dict[str, Framework] = {BUILTIN.name: BUILTIN}
-
-#: the settings a plan may ask for, with the project-file field that asks (``{model}`` = the model's index)
-SETTINGS = {
-    "zero_stage": ("models[{i}].plan.zero_stage", "plan.zero_stage"),
-    "tp": ("models[{i}].plan.tp", "models[{i}].parallelism.tp"),
-    "pp": ("models[{i}].plan.pp", "models[{i}].parallelism.pp"),
-    "recompute": ("models[{i}].plan.recompute", "plan.recompute"),
-    "sequence_parallel": ("models[{i}].plan.sequence_parallel", "plan.sequence_parallel"),
-    "bf16_weights": (None, "plan.bf16_weights"),
-}
-
-
-def framework_of(entry: Any) -> Framework:
-    """The framework that trains ``entry`` (a project ``ModelEntry``). Today every model uses the built-in trainer."""
-    return BUILTIN
-
-
-@dataclass(frozen=True)
-class Adjustment:
-    """A planned setting the framework lacks: ``field`` asked for ``asked``; the plan uses ``used``."""
-
-    model: str
-    field: str
-    asked: Any
-    used: Any
-    framework: str
-
-    def __str__(self) -> str:
-        return (f"{self.field}: {_show(self.asked)} is not implemented by the {self.framework} framework; "
-                f"planned with {_show(self.used)}")
+    def summary(self) -> str:
+        """``zero_stage 0/3, tp any, pp 1, recompute none/selective/full, sequence parallel, bf16/fp32 params``."""
+        tp = "any" if self.max_tp is None else ("1" if self.max_tp == 1 else f"up to {self.max_tp}")
+        return (f"zero_stage {'/'.join(map(str, self.zero_stages))}, tp {tp}, pp {'/'.join(map(str, self.pp))}, "
+                f"recompute {'/'.join(self.recompute)}{', sequence parallel' if self.sequence_parallel else ''}, "
+                f"{'/'.join(self.param_dtypes)} params")
 
 
 def _show(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def effective_settings(project: Any, index: int, entry: Any) -> tuple[Framework, dict[str, Any], list[Adjustment]]:
-    """The settings the plan computes with for model ``index``: each asked-for value the framework
-    implements, else the framework's own; an :class:`Adjustment` for every value replaced. A value
-    is "asked for" when the project file sets it (a default the framework lacks is not reported)."""
-    fw = framework_of(entry)
-    mp, pc, par = entry.plan, project.plan, entry.parallelism
-    asked: dict[str, tuple[Any, str | None]] = {}
-    for setting, (model_field, project_field) in SETTINGS.items():
-        model_value = getattr(mp, setting, None) if model_field else None
-        if model_value is not None:
-            asked[setting] = (model_value, model_field.format(i=index))
-        elif setting in ("tp", "pp"):
-            value = getattr(par, setting)
-            asked[setting] = (value, project_field.format(i=index) if value != 1 else None)
-        else:
-            value = getattr(pc, setting)
-            asked[setting] = (value, project_field if value is not None and setting in pc.model_fields_set else None)
-    used: dict[str, Any] = {}
-    adjustments: list[Adjustment] = []
-    for setting, (value, field) in asked.items():
-        if value is not None and fw.supports(setting, value):
-            used[setting] = value
-            continue
-        used[setting] = fw.default(setting)
-        if field is not None and value is not None:
-            adjustments.append(Adjustment(entry.name, field, value, used[setting], fw.name))
-    return fw, used, adjustments
+BUILTIN = Framework(
+    name="builtin",
+    description="the built-in trainer (clustertrain.train): DDP or FSDP2, DTensor tensor/sequence parallelism, "
+                "activation checkpointing, fp32 master weights and AdamW states",
+    zero_stages=(0, 3), max_tp=None, pp=(1,), recompute=("none", "selective", "full"), sequence_parallel=True,
+    param_dtypes=("bf16", "fp32"), flash_attention=True,
+)
+
+FRAMEWORKS: dict[str, Framework] = {BUILTIN.name: BUILTIN}
+
+
+def framework_of(entry: Any) -> Framework:
+    """The framework that trains ``entry`` (a project ``ModelEntry``). Today every model uses the built-in trainer."""
+    return BUILTIN

@@ -5,10 +5,11 @@ Two modes: with ``plan.cluster_nodes`` the models train at the same time and sha
 nodes (allocated by :func:`clustertrain.plan.allocate.allocate`); without it they run one after
 another, each on ``models[].plan.nodes`` or ``cluster.nodes``.
 
-Each model is planned for what its framework implements (:mod:`clustertrain.plan.frameworks`): a
-setting the project asks for that the framework lacks is listed in ``ModelPlan.adjustments`` and the
-framework's own is used. The price applies only in the project's region (``aws.region``, else
-``storage.region``); a catalog price taken elsewhere is shown as such and not used for costs.
+Each model is planned with its ``models[].parallelism`` section, the one the trainer reads, resolved
+into a :class:`~clustertrain.train.layout.ParallelLayout` on the node count it gets
+(``ModelPlan.layout``); a setting its framework (:mod:`clustertrain.plan.frameworks`) lacks makes it
+infeasible. The price applies only in the project's region (``aws.region``, else ``storage.region``);
+a catalog price taken elsewhere is shown as such and not used for costs.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
-from clustertrain.train.layout import param_dtype_for
 from clustertrain.plan.allocate import DAY, Allocation, Evaluation, Hardware, ModelSpec, allocate, evaluate
 from clustertrain.plan.catalog import Instance, find_instance, load_catalog
-from clustertrain.plan.frameworks import Adjustment, effective_settings
+from clustertrain.plan.frameworks import framework_of
 from clustertrain.plan.shape import ModelShape, model_vocab
+from clustertrain.train.layout import ParallelLayout
 
 
 @dataclass
@@ -33,18 +35,18 @@ class ModelPlan:
     tokens: int
     steps: int
     total_flops: float
-    tp: int
-    pp: int
+    parallelism: dict[str, Any]       # models[].parallelism as written (param_dtype resolved for the hardware)
+    layout: dict[str, Any] | None     # the ParallelLayout on the planned node count (ParallelLayout.to_dict())
+    layout_text: str | None           # ParallelLayout.describe(), e.g. "fsdp 88, bf16 params / fp32 reduce"
     dp: int | None
     micro_batch: int
     global_batch: int
-    zero_stage: int
-    recompute: str
     mfu: float
     nodes: float | None               # fractional with node sharing; None when infeasible
     gpus: int | None
     fixed: bool
-    memory: dict[str, int] | None     # bytes per GPU: weights, grads, optimizer, activations, buffers, framework, total
+    memory: dict[str, int] | None     # bytes on rank 0: params (elements), weights, grads, optimizer, activations,
+                                      #   buffers, framework, total
     memory_budget_bytes: int | None
     step_time_s: float | None
     days: float | None
@@ -52,8 +54,6 @@ class ModelPlan:
     cost_usd: float | None
     reasons: list[str] = field(default_factory=list)
     framework: str = "builtin"
-    bf16_weights: str = "fp32"
-    adjustments: list[str] = field(default_factory=list)  # settings asked for that the framework lacks
 
     @property
     def feasible(self) -> bool:
@@ -92,7 +92,6 @@ class Plan:
     models: list[ModelPlan]
     problems: list[str]
     assumptions: list[str]
-    adjustments: list[Adjustment] = field(default_factory=list)
 
     @property
     def feasible(self) -> bool:
@@ -117,21 +116,19 @@ def _hardware(project, calibration) -> tuple[Hardware, Instance | None]:
     return Hardware(ranks, host / ranks, peak, p.headroom, 0.0), inst
 
 
-def model_spec(project, index: int, entry, default_mfu: float, cpu: bool) -> tuple[ModelSpec, list[Adjustment]]:
-    """The planner's view of model ``index``, with the settings its framework implements."""
+def model_spec(project, index: int, entry, default_mfu: float, cpu: bool) -> ModelSpec:
+    """The planner's view of model ``index``: its shape, tokens and ``parallelism`` section."""
     mp, t, pc = entry.plan, entry.training, project.plan
-    fw, used, adjustments = effective_settings(project, index, entry)
+    fw = framework_of(entry)
     shape = ModelShape.from_arch(entry.model, model_vocab(entry.model, entry.data.tokenizer))
-    precision = param_dtype_for(entry.parallelism, on_gpu=not cpu)
     tokens = mp.tokens or t.max_steps * t.global_batch * entry.model.seq_len
-    spec = ModelSpec(
+    return ModelSpec(
         name=entry.name, shape=shape, tokens=tokens, global_batch=t.global_batch, micro_batch=t.micro_batch,
-        tp=used["tp"], pp=used["pp"], zero_stage=used["zero_stage"], recompute=used["recompute"],
-        sequence_parallel=used["sequence_parallel"], flash_attention=pc.flash_attention and fw.flash_attention and not cpu,
-        precision=precision, bf16_weights=used["bf16_weights"], mfu=mp.assumed_mfu or pc.assumed_mfu or default_mfu,
-        fixed_nodes=mp.nodes, deadline_days=mp.deadline_days, framework=fw,
+        parallelism=entry.parallelism, arch=entry.model, on_gpu=not cpu,
+        flash_attention=pc.flash_attention and fw.flash_attention and not cpu,
+        mfu=mp.assumed_mfu or pc.assumed_mfu or default_mfu, fixed_nodes=mp.nodes, deadline_days=mp.deadline_days,
+        framework=fw, index=index,
     )
-    return spec, adjustments
 
 
 def project_region(project) -> str | None:
@@ -158,9 +155,7 @@ def make_plan(project, calibration=None) -> Plan:
     hw, inst = _hardware(project, calibration)
     cpu = c.gpus_per_node == 0
     default_mfu = (calibration.efficiency if (cpu and calibration is not None) else (inst.assumed_mfu if inst else 0.40))
-    pairs = [model_spec(project, i, e, default_mfu, cpu) for i, e in enumerate(project.models)]
-    specs = [sp for sp, _ in pairs]
-    adjustments = {sp.name: adj for sp, adj in pairs}
+    specs = [model_spec(project, i, e, default_mfu, cpu) for i, e in enumerate(project.models)]
     problems: list[str] = []
     if p.cluster_nodes is not None:
         mode, total_nodes = "concurrent", p.cluster_nodes
@@ -178,7 +173,7 @@ def make_plan(project, calibration=None) -> Plan:
         alloc = Allocation({n: ev.gpus // unit_gpus for n, ev in evals.items()}, evals, infeasible, [], 0)
     region = project_region(project)
     price, price_note = applicable_price(inst, region, p.price is not None)
-    models = [_model_plan(s, alloc, hw, price.per_hour if price else None, adjustments[s.name]) for s in specs]
+    models = [_model_plan(s, alloc, hw, price.per_hour if price else None) for s in specs]
     days = [m.days for m in models if m.days is not None]
     makespan = (max(days) if mode == "concurrent" else sum(days)) if days else None
     per_node = price.per_hour if price else None
@@ -198,11 +193,10 @@ def make_plan(project, calibration=None) -> Plan:
     if c.gpus_per_node > 0 and inst is None:
         problems.append("cluster.instance_type is not set: no GPU memory, peak or price to plan with; set e.g. cluster.instance_type: p5e.48xlarge")
     assumptions = _assumptions(project, hw, inst, default_mfu, calibration, specs, price, price_note)
-    return Plan(project.name, totals, models, problems, assumptions, [a for sp in specs for a in adjustments[sp.name]])
+    return Plan(project.name, totals, models, problems, assumptions)
 
 
-def _model_plan(spec: ModelSpec, alloc: Allocation, hw: Hardware, price: float | None,
-                adjustments: list[Adjustment]) -> ModelPlan:
+def _model_plan(spec: ModelSpec, alloc: Allocation, hw: Hardware, price: float | None) -> ModelPlan:
     ev: Evaluation | None = alloc.evaluations.get(spec.name)
     reasons = alloc.infeasible.get(spec.name, [])
     shape = spec.shape
@@ -210,22 +204,22 @@ def _model_plan(spec: ModelSpec, alloc: Allocation, hw: Hardware, price: float |
     m = ModelPlan(
         name=spec.name, params=shape.total_params(), non_embedding_params=shape.non_embedding_params(),
         flops_per_token=shape.flops_per_token(), tokens=spec.tokens, steps=math.ceil(spec.tokens / tokens_per_step),
-        total_flops=spec.total_flops, tp=spec.tp, pp=spec.pp, dp=None, micro_batch=spec.micro_batch,
-        global_batch=spec.global_batch, zero_stage=spec.zero_stage, recompute=spec.recompute, mfu=spec.mfu,
+        total_flops=spec.total_flops, parallelism={**spec.parallelism.model_dump(), "param_dtype": spec.param_dtype},
+        layout=None, layout_text=None, dp=None, micro_batch=spec.micro_batch, global_batch=spec.global_batch, mfu=spec.mfu,
         nodes=None, gpus=None, fixed=spec.fixed_nodes is not None, memory=None, memory_budget_bytes=None,
         step_time_s=None, days=None, gpu_hours=None, cost_usd=None, reasons=list(reasons),
-        framework=spec.framework.name, bf16_weights=spec.bf16_weights if spec.precision == "bf16" else "fp32",
-        adjustments=[str(a) for a in adjustments],
+        framework=spec.framework.name,
     )
     if ev is None:
         return m
     m.gpus, m.nodes = ev.gpus, ev.gpus / hw.gpus_per_node
-    m.dp = ev.layout.dp if ev.layout else None
+    if ev.layout is not None:
+        m.dp, m.layout, m.layout_text = ev.layout.dp, ev.layout.to_dict(), layout_text(ev.layout)
     if ev.memory is not None:
         mem = ev.memory
-        m.memory = {"weights": mem.weights_bytes, "grads": mem.grads_bytes, "optimizer": mem.optimizer_bytes,
-                    "activations": mem.activations_bytes, "buffers": mem.buffers_bytes,
-                    "framework": mem.framework_bytes, "total": mem.total_bytes, "stage": mem.stage}
+        m.memory = {"params": mem.params, "weights": mem.weights_bytes, "grads": mem.grads_bytes,
+                    "optimizer": mem.optimizer_bytes, "activations": mem.activations_bytes, "buffers": mem.buffers_bytes,
+                    "framework": mem.framework_bytes, "total": mem.total_bytes}
     m.memory_budget_bytes = ev.budget_bytes
     if ev.seconds is not None:
         m.step_time_s, m.days = ev.step_seconds, ev.seconds / DAY
@@ -235,6 +229,12 @@ def _model_plan(spec: ModelSpec, alloc: Allocation, hw: Hardware, price: float |
     return m
 
 
+def layout_text(layout: ParallelLayout) -> str:
+    """``ParallelLayout.describe()``, plus ``no reshard after forward`` where that setting changes the memory."""
+    text = layout.describe()
+    return text + ", no reshard after forward" if layout.fsdp and not layout.reshard_after_forward else text
+
+
 def _assumptions(project, hw: Hardware, inst: Instance | None, mfu: float, calibration, specs: list[ModelSpec],
                  price, price_note: str | None) -> list[str]:
     p = project.plan
@@ -242,9 +242,8 @@ def _assumptions(project, hw: Hardware, inst: Instance | None, mfu: float, calib
     for fw in dict.fromkeys(sp.framework for sp in specs):
         names = [sp.name for sp in specs if sp.framework is fw]
         whom = "every model" if len(names) == len(specs) else ", ".join(names)
-        out.append(f"framework of {whom}: {fw.description} — planned with zero_stage {'/'.join(map(str, fw.zero_stages))}, "
-                   f"tp {'/'.join(map(str, fw.tp))}, pp {'/'.join(map(str, fw.pp))}, recompute {'/'.join(fw.recompute)}, "
-                   f"{'/'.join(fw.weights)} weights under bf16")
+        out.append(f"framework of {whom}: {fw.description} — implements {fw.summary()}; each model is planned with its "
+                   "models[].parallelism, the section the trainer reads")
     if calibration is None and project.cluster.gpus_per_node == 0:
         out.append("CPU workers have no data-sheet peak: run `clustertrain plan --calibrate` to measure this machine and estimate times; "
                    "memory is checked against host RAM / workers")
@@ -256,10 +255,10 @@ def _assumptions(project, hw: Hardware, inst: Instance | None, mfu: float, calib
                    f"({'plan.assumed_mfu' if p.assumed_mfu else 'catalog default'})")
     out.append("FLOPs per token: 6 x non-embedding parameters + 6 x layers x heads x head_dim x seq_len (the trainer's MFU formula)")
     if hw.gpu_memory_gib is not None and project.cluster.gpus_per_node:
-        weights = sorted({sp.bf16_weights for sp in specs})
-        out.append(f"memory: {p.headroom:.0%} of each GPU kept free; {p.framework_gib:g} GiB per GPU for CUDA context/NCCL buffers; "
-                   f"{'flash' if p.flash_attention else 'materialised'} attention; weights under bf16: {'/'.join(weights)} "
-                   "(fp32: 4+4+8 bytes/param + 2-byte autocast copy + DDP gradient buckets)")
+        out.append(f"memory of rank 0: {p.headroom:.0%} of each GPU kept free; {p.framework_gib:g} GiB per GPU for CUDA "
+                   f"context/NCCL buffers; {'flash' if p.flash_attention else 'materialised'} attention; fp32 parameters, "
+                   "gradients and AdamW states (4+4+8 bytes per element of the local shard + 4 per tensor), sharded over dp "
+                   "with zero_stage 3; buffers: DDP gradient buckets and autocast copy, FSDP2 gathered blocks (plan/memory.py)")
     if price is not None:
         out.append(f"price: ${price.per_hour:,.2f}/h per {inst.name}, {price.kind}, {price.region}, taken {price.date}"
                    + (f" ({price.source})" if price.source else "") + "; prices drift — override with plan.price")

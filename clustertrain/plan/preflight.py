@@ -1,16 +1,20 @@
-"""``plan_findings(project)``: the planner's part of ``clustertrain check`` — is each model feasible for
-what its framework implements, and what did the plan have to assume?
+"""``plan_findings(project)``: the planner's part of ``clustertrain check`` — is each model feasible with
+its ``parallelism`` section, and what did the plan have to assume?
 
 ======================================================  =======  ========================================
 finding                                                 level    path
 ======================================================  =======  ========================================
-a model is infeasible (memory, batch divisibility,      error    the field behind the reason, e.g.
-tp/pp split, deadline, pinned node count)                        ``models[6].model``, ``models[0].training.global_batch``
+an impossible layout (a setting the framework lacks,    error    the field it names, e.g.
+tp not splitting the model or a node, world size                 ``models[6].parallelism.tp``
+≠ dp x tp)
+a model does not fit in memory                          error    ``models[i].parallelism`` (the hint says
+                                                                 what to set), or ``models[i].model``
+                                                                 when no layout setting is left to try
+other infeasibility (batch divisibility, deadline,      error    ``models[0].training.global_batch``,
+pinned node count)                                               ``models[i].plan.deadline_days``...
 the models do not fit the cluster together              error    ``plan.cluster_nodes``
 a share of a node with ``plan.node_sharing`` (Slurm     error    ``plan.node_sharing``
 jobs run on whole nodes)
-a planned setting the framework lacks (planned with     warning  the setting, e.g. ``plan.zero_stage``
-the framework's own instead)
 no instance type to plan a GPU project with             warning  ``cluster.instance_type``
 no price for the project's region                       warning  ``plan.price``
 ======================================================  =======  ========================================
@@ -32,12 +36,7 @@ if TYPE_CHECKING:
 
 #: reason prefix -> the field (relative to models[i]) that it is about
 _REASON_FIELDS = (
-    ("does not fit", "model", "shrink the model (model.layers/hidden) or micro_batch, use GPUs with more memory, or a "
-                              "framework that shards or splits the model; `clustertrain plan PROJECT` shows the memory per GPU"),
     ("global_batch", "training.global_batch", "make global_batch a multiple of micro_batch x dp for the planned node count"),
-    ("world size", "plan.tp", "choose tp x pp that divides the GPUs of the planned node count"),
-    ("tp=", "plan.tp", "choose a tp that divides heads and ffn_dim"),
-    ("pp=", "plan.pp", "choose a pp that divides layers"),
     ("takes ", "plan.deadline_days", "raise the deadline, the node count or the MFU assumption"),
     ("plan.nodes=", "plan.nodes", "lower models[].plan.nodes to at most plan.cluster_nodes"),
     ("no count from", "plan", "`clustertrain plan PROJECT` lists why each count fails"),
@@ -46,6 +45,14 @@ _REASON_FIELDS = (
 
 def reason_field(index: int, reason: str) -> tuple[str, str]:
     """(project-file field, fix) for one infeasibility reason of model ``index``."""
+    if reason.startswith(f"models[{index}]."):  # a layout problem names its field: "models[6].parallelism.tp: ..."
+        return reason.split(":", 1)[0], "change the field as the message says; `clustertrain plan PROJECT` shows the layout"
+    if reason.startswith("does not fit"):
+        if "try parallelism." in reason:
+            return f"models[{index}].parallelism", ("set what the message suggests in models[].parallelism; "
+                                                     "`clustertrain plan PROJECT` shows the memory per GPU")
+        return f"models[{index}].model", ("shrink the model (model.layers/hidden) or micro_batch, or use GPUs with more "
+                                          "memory; `clustertrain plan PROJECT` shows the memory per GPU")
     for prefix, field, fix in _REASON_FIELDS:
         if reason.startswith(prefix):
             return f"models[{index}].{field}", fix
@@ -67,7 +74,7 @@ def plan_findings(project: "Project", plan: "Plan | None" = None) -> list[Findin
         i = index[m.name]
         for reason in m.reasons:
             field, fix = reason_field(i, reason)
-            out.append(Finding("error", field, f"{m.name} is infeasible for its framework ({m.framework}): {reason}", fix))
+            out.append(Finding("error", field, f"{m.name} is infeasible ({m.framework} framework): {reason}", fix))
         out += _fraction(project, i, m)
     for problem in plan.problems:
         if problem.startswith("cluster.instance_type"):
@@ -75,14 +82,6 @@ def plan_findings(project: "Project", plan: "Plan | None" = None) -> list[Findin
                                "set cluster.instance_type, e.g. p5e.48xlarge, to check memory, time and cost"))
         else:
             out.append(Finding("error", "plan.cluster_nodes", problem, "raise plan.cluster_nodes or train fewer models at once"))
-    grouped: dict[tuple, list[str]] = {}
-    for adj in plan.adjustments:
-        grouped.setdefault((adj.field, str(adj.asked), str(adj.used), adj.framework), []).append(adj.model)
-    for (field, _, used, framework), models in grouped.items():
-        adj = next(a for a in plan.adjustments if a.field == field)
-        whom = "every model" if len(models) == len(plan.models) > 1 else ", ".join(models)
-        out.append(Finding("warning", field, f"{adj} ({whom})",
-                           f"remove {field} (the {framework} framework trains with {used}), or use a framework that implements it"))
     if plan.cluster.price_note:
         out.append(Finding("warning", "plan.price", plan.cluster.price_note.split("; set ")[0],
                            f"set plan.price (per_hour, region: {plan.cluster.region}, date, source) from your price list"))

@@ -1,10 +1,14 @@
 """``render_plan(plan, format)``: a Plan as a rich table, JSON or Markdown (a string in each case).
 
-JSON format (``version: 1``): ``{"version", "project", "feasible", "cluster": ClusterTotals fields,
+JSON format (``version: 2``): ``{"version", "project", "feasible", "cluster": ClusterTotals fields,
 "models": [ModelPlan fields + "feasible"], "problems": [...], "assumptions": [...]}``; bytes are
-integers, times in seconds/days, money in USD. Each model carries ``framework``, ``bf16_weights`` and
-``adjustments`` (the settings the project asked for that its framework lacks, and what was planned
-instead); the cluster carries ``region`` and ``price_note`` (why no price applies, when none does).
+integers, times in seconds/days, money in USD. Each model carries ``framework``, ``parallelism`` (its
+section as written, ``param_dtype`` resolved), ``layout`` (the resolved ``ParallelLayout`` on its
+planned node count: world, dp, tp, pp, zero_stage, ... — null when no count is valid), ``layout_text``
+and ``memory`` (rank 0: ``params`` elements and bytes of weights, grads, optimizer, activations,
+buffers, framework, total); the cluster carries ``region`` and ``price_note`` (why no price applies,
+when none does). Version 2 replaced version 1's ``tp``/``pp``/``zero_stage``/``recompute``/
+``bf16_weights``/``adjustments`` by ``parallelism`` and ``layout``.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ def _json(plan: Plan) -> str:
         d = dataclasses.asdict(m)
         d["feasible"] = m.feasible
         models.append(d)
-    doc = {"version": 1, "project": plan.project, "feasible": plan.feasible, "cluster": dataclasses.asdict(plan.cluster),
+    doc = {"version": 2, "project": plan.project, "feasible": plan.feasible, "cluster": dataclasses.asdict(plan.cluster),
            "models": models, "problems": plan.problems, "assumptions": plan.assumptions}
     return json.dumps(doc, indent=2)
 
@@ -81,7 +85,20 @@ def _allocation_summary(plan: Plan) -> str:
     return " + ".join(f"{n} x {nodes:g}" for nodes, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
-MODEL_COLUMNS = ("model", "params", "tokens", "nodes", "GPUs", "tp/pp/dp", "zero", "GiB/GPU", "fits", "step", "time", "GPU-h", "cost")
+MODEL_COLUMNS = ("model", "params", "tokens", "nodes", "GPUs", "layout", "GiB/GPU", "fits", "step", "time", "GPU-h", "cost")
+MEMORY_COLUMNS = ("model", "layout", "params", "grads", "AdamW", "activations", "buffers", "framework", "total", "usable")
+
+
+def size(n: float | None) -> str:
+    """Bytes as ``1.2 GiB`` / ``34.5 MiB`` / ``120 KiB``."""
+    if n is None:
+        return "-"
+    if n == 0:
+        return "0"
+    for unit, scale in (("GiB", GiB), ("MiB", 1024**2)):
+        if n >= scale or unit == "MiB" and n >= 1024**2 / 10:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n / 1024:.0f} KiB"
 
 
 def duration(days: float | None) -> str:
@@ -105,19 +122,33 @@ def model_row(m: ModelPlan) -> list[str]:
         m.name, f"{m.params / 1e9:.2f}B" if m.params >= 1e8 else f"{m.params / 1e6:.2f}M",
         f"{m.tokens / 1e9:,.1f}B" if m.tokens >= 1e8 else f"{m.tokens:,}",
         "-" if m.nodes is None else f"{m.nodes:g}" + (" (fixed)" if m.fixed else ""), _num(m.gpus),
-        f"{m.tp}/{m.pp}/{m.dp if m.dp is not None else '-'}", str(m.zero_stage),
+        short_layout(m),
         "-" if total is None else f"{total / GiB:.1f}", fits,
         "-" if m.step_time_s is None else f"{m.step_time_s:.2f}s", duration(m.days), _num(m.gpu_hours, ",.0f" if (m.gpu_hours or 0) >= 10 else ".2f"),
         "-" if m.cost_usd is None else f"${m.cost_usd:,.0f}",
     ]
 
 
+def short_layout(m: ModelPlan) -> str:
+    """``fsdp 88`` / ``fsdp 44 x tp 2 +sp`` (the planned layout) or, when no count is valid, what was asked."""
+    if m.layout_text:
+        return m.layout_text.split(", ")[0]
+    par = m.parallelism
+    kind = "fsdp" if par["zero_stage"] == 3 else "ddp"
+    return f"{kind} ?" + (f" x tp {par['tp']}" + (" +sp" if par["sequence_parallel"] else "") if par["tp"] > 1 else "")
+
+
+def memory_row(m: ModelPlan) -> list[str] | None:
+    """Rank 0's memory: the model states counted from the layout's shards, then the allowances."""
+    mem = m.memory
+    if not mem:
+        return None
+    cells = [size(mem[k]) for k in ("weights", "grads", "optimizer", "activations", "buffers", "framework", "total")]
+    return [m.name, m.layout_text or "-", *cells, size(m.memory_budget_bytes)]
+
+
 def _verdict(plan: Plan) -> list[str]:
     out = []
-    for text in dict.fromkeys(a for m in plan.models for a in m.adjustments):
-        names = [m.name for m in plan.models if text in m.adjustments]
-        whom = "every model" if len(names) == len(plan.models) > 1 else ", ".join(names)
-        out.append(f"adjusted ({whom}): {text}")
     for p in plan.problems:
         out.append(f"problem: {p}")
     for m in plan.models:
@@ -141,6 +172,12 @@ def _table(plan: Plan) -> str:
     for m in plan.models:
         models.add_row(*model_row(m))
     console.print(models)
+    rows = [r for r in (memory_row(m) for m in plan.models) if r]
+    if rows:
+        memory = Table(*MEMORY_COLUMNS, title="memory per GPU (rank 0, the most loaded)")
+        for r in rows:
+            memory.add_row(*r)
+        console.print(memory)
     summary = _allocation_summary(plan)
     if summary:
         console.print(f"allocation: {summary} nodes")
@@ -158,6 +195,11 @@ def _markdown(plan: Plan) -> str:
     lines += [f"| {k} | {v} |" for k, v in cluster_lines(plan)]
     lines += ["", "| " + " | ".join(MODEL_COLUMNS) + " |", "|" + "---|" * len(MODEL_COLUMNS)]
     lines += ["| " + " | ".join(model_row(m)) + " |" for m in plan.models]
+    rows = [r for r in (memory_row(m) for m in plan.models) if r]
+    if rows:
+        lines += ["", "Memory per GPU (rank 0, the most loaded):", "", "| " + " | ".join(MEMORY_COLUMNS) + " |",
+                  "|" + "---|" * len(MEMORY_COLUMNS)]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
     summary = _allocation_summary(plan)
     if summary:
         lines += ["", f"Allocation: {summary} nodes"]

@@ -1,13 +1,34 @@
-"""The shape of the trainer's GPT (clustertrain/train/model.py) as plain numbers: parameter counts
-without building the model, and training FLOPs with the trainer's own formula.
+"""The shape of the trainer's GPT (clustertrain/train/model.py) as plain numbers: its parameter
+tensors with their tensor-parallel placement, parameter counts without building the model, and
+training FLOPs with the trainer's own formula. A leaf: nothing here imports torch or another
+clustertrain module at import time (the trainer's model imports this module, the planner too).
 
-Parameters of ``GPT`` (h = hidden, f = ffn_dim, m = 2 for SwiGLU else 1, V = vocab, s = seq_len):
-  per block: qkv 3h² + 3h, proj h² + h, up m·f·h + m·f, down f·h + h, two norms 2n
-             (n = 2h for LayerNorm weight+bias, h for RMSNorm)
-  embeddings: token V·h, position s·h; final norm n; head V·h unless tied.
+Parameter tensors (:func:`parameter_tensors`; h = hidden, f = ffn_dim, V = padded vocab, s = seq_len;
+"tp dim" is the dimension tensor parallelism splits, ``Shard(d)``; none = replicated over tp):
+
+=====================================  ==========  =======  =====================================
+name                                   shape       tp dim   note
+=====================================  ==========  =======  =====================================
+tok_emb.weight                         [V, h]      0        vocabulary-parallel rows
+pos_emb.weight                         [s, h]      -
+blocks.{i}.norm1.weight (, .bias)      [h]         -        bias for LayerNorm only
+blocks.{i}.attn.wq/wk/wv.weight        [h, h]      0        column-parallel: heads split
+blocks.{i}.attn.wq/wk/wv.bias          [h]         0
+blocks.{i}.attn.wo.weight              [h, h]      1        row-parallel
+blocks.{i}.attn.wo.bias                [h]         -
+blocks.{i}.norm2.*                     like norm1
+blocks.{i}.mlp.w_gate (SwiGLU), w_up   [f, h] [f]  0        column-parallel weight and bias
+blocks.{i}.mlp.w_down.weight           [h, f]      1        row-parallel
+blocks.{i}.mlp.w_down.bias             [h]         -
+norm_f.weight (, .bias)                [h]         -
+head.weight                            [V, h]      0        absent when tied (one tensor with tok_emb)
+=====================================  ==========  =======  =====================================
+
+Counts: per block 4h² + 4h (attention) + m·f·h + m·f + f·h + h (MLP; m = 2 for SwiGLU) + two norms
+(2h each for LayerNorm, h for RMSNorm); embeddings V·h + s·h, the head V·h unless tied, final norm.
 Non-embedding parameters (``GPT.num_params(non_embedding=True)``) exclude the token and position
-embeddings and an untied head. ``tests/unit/plan/test_shape_memory.py`` checks both against the real model.
-Nothing here imports torch.
+embeddings and an untied head. ``tests/unit/plan/test_shape_memory.py`` checks names, shapes and counts
+against the real model.
 """
 
 from __future__ import annotations
@@ -52,7 +73,7 @@ class ModelShape:
 
     def layer_params(self) -> int:
         h, f, m = self.hidden, self.ffn_dim, self.mlp_factor
-        return 4 * h * h + 3 * h + h + m * f * h + m * f + f * h + h + 2 * self.norm_params
+        return 4 * h * h + 4 * h + m * f * h + m * f + f * h + h + 2 * self.norm_params
 
     def embedding_params(self) -> int:
         """Token + position embeddings, plus the head when untied."""
@@ -65,13 +86,58 @@ class ModelShape:
         return self.non_embedding_params() + self.embedding_params()
 
     def param_tensors(self) -> int:
-        """Parameter tensors (tied weights once): 8 linear weights/biases + norms per block, 2 embeddings, final norm, head."""
-        per_layer = 8 + 2 * self.norm_tensors
+        """Parameter tensors (tied weights once): ``len(parameter_tensors(self))``."""
+        per_layer = 8 + 2 * (self.mlp_factor + 1) + 2 * self.norm_tensors
         return self.layers * per_layer + 2 + self.norm_tensors + (0 if self.tie_embeddings else 1)
 
     def flops_per_token(self) -> float:
         """Training FLOPs per token of this shape (:func:`training_flops_per_token`)."""
         return training_flops_per_token(self.non_embedding_params(), self.layers, self.heads, self.head_dim, self.seq_len)
+
+
+@dataclass(frozen=True)
+class ParamTensor:
+    """One parameter tensor of the trainer's GPT: its name (FQN, the checkpoint key), global shape, the
+    dimension tensor parallelism splits (None: replicated over tp) and its FSDP2 group (the block index,
+    or None for the root group: embeddings, final norm, head)."""
+
+    name: str
+    shape: tuple[int, ...]
+    tp_dim: int | None
+    block: int | None
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+def parameter_tensors(shape: ModelShape) -> list[ParamTensor]:
+    """Every parameter tensor of the trainer's GPT of ``shape`` (table in the module docstring), tied weights once."""
+    h, f, s, v = shape.hidden, shape.ffn_dim, shape.seq_len, shape.vocab
+    norm = ("weight", "bias") if shape.norm == "layernorm" else ("weight",)
+    out = [ParamTensor("tok_emb.weight", (v, h), 0, None), ParamTensor("pos_emb.weight", (s, h), None, None)]
+    for i in range(shape.layers):
+        b = f"blocks.{i}."
+
+        def linear(name: str, rows: int, cols: int, column_parallel: bool) -> list[ParamTensor]:
+            return [ParamTensor(f"{b}{name}.weight", (rows, cols), 0 if column_parallel else 1, i),
+                    ParamTensor(f"{b}{name}.bias", (rows,), 0 if column_parallel else None, i)]
+
+        out += [ParamTensor(f"{b}norm1.{k}", (h,), None, i) for k in norm]
+        for name in ("attn.wq", "attn.wk", "attn.wv"):
+            out += linear(name, h, h, True)
+        out += linear("attn.wo", h, h, False)
+        out += [ParamTensor(f"{b}norm2.{k}", (h,), None, i) for k in norm]
+        for name in (("mlp.w_gate", "mlp.w_up") if shape.mlp == "swiglu" else ("mlp.w_up",)):
+            out += linear(name, f, h, True)
+        out += linear("mlp.w_down", h, f, False)
+    out += [ParamTensor(f"norm_f.{k}", (h,), None, None) for k in norm]
+    if not shape.tie_embeddings:
+        out.append(ParamTensor("head.weight", (v, h), 0, None))
+    return out
 
 
 def training_flops_per_token(non_embedding_params: int, layers: int, heads: int, head_dim: int, seq_len: int) -> float:

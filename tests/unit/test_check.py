@@ -19,6 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 P5E = ROOT / "examples" / "p5e-80x7.yaml"
 #: the flagship's models shrunk to 1.3B so the built-in trainer can train them: then only the cluster rules speak
 FITS = [f"models.{i}.model.{k}={v}" for i in range(7) for k, v in (("layers", 24), ("hidden", 2048), ("heads", 16))]
+#: the flagship's models replicated (DDP) instead of FSDP2: none fits an H200, so the plan section refuses them
+DDP = [f"models.{i}.parallelism.zero_stage=0" for i in range(7)]
 
 
 
@@ -76,10 +78,11 @@ def test_the_same_rules_refuse_each_shape(shape, override, section, field):
         assert (section, field) in found, found
 
 
-def test_the_flagship_fails_only_on_what_the_trainer_issue_fixes():
-    report = run_check(load_project(P5E))
+def test_the_flagship_passes_and_fails_only_on_the_plan_when_replicated():
+    assert run_check(load_project(P5E)).errors == []
+    report = run_check(load_project(P5E, DDP))
     assert {s for s, _ in report.errors} == {"plan"}
-    assert [f.path for _, f in report.errors] == [f"models[{i}].model" for i in range(7)]
+    assert [f.path for _, f in report.errors] == [f"models[{i}].parallelism" for i in range(7)]
     assert all("builtin" in f.message and "GiB per GPU" in f.message for _, f in report.errors)
 
 
@@ -92,9 +95,9 @@ def test_secrets_never_reach_a_generated_file():
 
 
 def test_each_action_refuses_on_its_gate():
-    flagship = load_project(P5E)  # infeasible models: a cluster can still be built, a job cannot be submitted
+    flagship = load_project(P5E, DDP)  # infeasible models: a cluster can still be built, a job cannot be submitted
     require_clean(flagship, "cluster config")
-    with pytest.raises(ConfigError, match=r"^submit refused: models\[0\]\.model: .*\(and 6 more\)"):
+    with pytest.raises(ConfigError, match=r"^submit refused: models\[0\]\.parallelism: .*\(and 6 more\)"):
         require_clean(flagship, "submit")
     off = load_project(P5E, [*FITS, "storage.runs=/home/u/runs"])
     for action in ("cluster config", "validate suite", "submit"):
@@ -103,7 +106,7 @@ def test_each_action_refuses_on_its_gate():
 
 
 def test_submit_of_one_model_is_not_blocked_by_another():
-    project = load_project(P5E, [f"models.6.model.{k}={v}" for k, v in (("layers", 24), ("hidden", 2048), ("heads", 16))])
+    project = load_project(P5E, DDP[:6])  # models 1-6 replicated (infeasible), model-7 keeps FSDP2
     require_clean(project, "submit", ["model-7"])
     with pytest.raises(ConfigError, match=r"models\[0\]"):
         require_clean(project, "submit", ["model-1"])
@@ -111,7 +114,7 @@ def test_submit_of_one_model_is_not_blocked_by_another():
 
 def test_cli_one_line_per_finding_and_exit_codes(capsys, tmp_path):
     with pytest.raises(SystemExit) as done:
-        main(["check", str(P5E)])
+        main(["check", str(P5E), *(a for s in DDP for a in ("--set", s))])
     out = capsys.readouterr().out
     assert done.value.code == 2
     rows = [ln for ln in out.splitlines() if ln.startswith(("error", "warning"))]

@@ -90,13 +90,14 @@ def test_discouraged_nccl_variables_in_launch_env_are_flagged():
 
 
 def test_submit_refuses_infeasible_models_one_line_each_before_writing_anything(tmp_path):
-    project = load_project(P5E, ["launch.python=/fsx/data/venv/bin/python", f"storage.runs={tmp_path}/runs"])
+    ddp = [f"models.{i}.parallelism.zero_stage=0" for i in range(7)]  # replicated, the flagship's models do not fit
+    project = load_project(P5E, ["launch.python=/fsx/data/venv/bin/python", f"storage.runs={tmp_path}/runs", *ddp])
     with pytest.raises(LaunchError) as err:
         submit_project(project, None, None, True, SlurmLauncher(), dry_run=True)
     lines = str(err.value).splitlines()
     assert lines[0] == "submit refused (7 problems):"
-    assert [ln.split(":")[0].strip() for ln in lines[1:]] == [f"models[{i}].model" for i in range(7)]
+    assert [ln.split(":")[0].strip() for ln in lines[1:]] == [f"models[{i}].parallelism" for i in range(7)]
     assert "needs 290.2 GiB per GPU" in lines[7]
-    with pytest.raises(LaunchError, match=r"submit refused \(1 problem\):\n  models\[6\].model: model-7"):
+    with pytest.raises(LaunchError, match=r"submit refused \(1 problem\):\n  models\[6\].parallelism: model-7"):
         submit_project(project, "model-7", None, True, SlurmLauncher())
     assert not (tmp_path / "runs").exists()

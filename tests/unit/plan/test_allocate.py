@@ -1,64 +1,86 @@
-"""Feasibility reasons and the allocation of nodes across models (plain specs: tp/pp beyond what the
-project validator accepts today are exercised here directly)."""
+"""Feasibility reasons (each layout problem naming its field) and the allocation of nodes across models,
+on plain specs with a ``ParallelismConfig`` — the section the trainer reads."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 from clustertrain.plan.allocate import Hardware, ModelSpec, allocate, evaluate
-from clustertrain.plan.frameworks import BUILTIN, Framework
+from clustertrain.plan.frameworks import Framework
 from clustertrain.plan.shape import ModelShape
-
-#: a framework with every setting (what the FSDP2/TP issue adds); the hints only name what a framework has
-SHARDING = Framework("sharding", "a test framework", zero_stages=(0, 1, 2, 3), tp=(1, 2, 4, 8), pp=(1, 2, 4),
-                     weights=("bf16", "fp32"), recompute=("none", "selective", "full"), sequence_parallel=True,
-                     flash_attention=True)
+from clustertrain.train.config import ParallelismConfig
 
 H200 = Hardware(gpus_per_node=8, gpu_memory_gib=140.4, peak_flops=989e12, headroom=0.10, framework_gib=3.0)
 H100 = replace(H200, gpu_memory_gib=79.6)
 SMALL = ModelShape(layers=32, hidden=4096, heads=32, seq_len=4096, vocab=32000, ffn_dim=16384)
 LARGE = ModelShape(layers=40, hidden=5120, heads=40, seq_len=4096, vocab=32000, ffn_dim=20480)
+FSDP = ParallelismConfig(zero_stage=3)
+DDP = ParallelismConfig(zero_stage=0)
+#: a framework that only replicates (what a DDP-only trainer offers): the planner refuses what it lacks
+DDP_ONLY = Framework("ddp-only", "a test framework", zero_stages=(0,), max_tp=1, pp=(1,), recompute=("none",),
+                     sequence_parallel=False, param_dtypes=("fp32",), flash_attention=True)
 
 
-def spec(name="m", shape=SMALL, **kw) -> ModelSpec:
-    base = dict(tokens=700_000_000_000, global_batch=1232, micro_batch=1, zero_stage=1)
+def spec(name="m", shape=SMALL, par=FSDP, **kw) -> ModelSpec:
+    base = dict(tokens=700_000_000_000, global_batch=1232, micro_batch=1, parallelism=par)
     base.update(kw)
     return ModelSpec(name=name, shape=shape, **base)
 
 
-def test_tp_must_divide_heads_and_pp_layers():
-    ev = evaluate(spec(shape=replace(SMALL, heads=12, hidden=4104), tp=8, pp=5, global_batch=64), H200, 80)
-    assert ev.reasons[0].startswith("tp=8 does not divide heads=12; valid tp: 1, 2, 3, 4, 6, 12")
-    assert ev.reasons[1].startswith("pp=5 does not divide layers=32; valid pp: 1, 2, 4, 8, 16, 32")
+def test_impossible_layouts_name_their_field():
+    odd = replace(SMALL, heads=12, hidden=4104)
+    ev = evaluate(spec(shape=odd, par=ParallelismConfig(zero_stage=3, tp=8), global_batch=64, index=6), H200, 80)
+    assert ev.reasons[0].startswith("models[6].parallelism.tp: tp=8 does not divide model.heads=12; valid tp: 1, 2, 3, 4, 6, 12")
+    ev = evaluate(spec(par=ParallelismConfig(zero_stage=3, tp=16), index=0), H200, 16)
+    assert ev.reasons[0].startswith("models[0].parallelism.tp: tp=16 is larger than the 8 ranks of a node")
+    ev = evaluate(spec(par=ParallelismConfig(zero_stage=3, tp=4)), replace(H200, gpus_per_node=2), 2)
+    assert ev.reasons[0].startswith("parallelism.tp: tp=4 is larger than the 2 ranks")
+    ev = evaluate(spec(par=ParallelismConfig(zero_stage=3, dp=8), index=2), H200, 16)
+    assert ev.reasons == ["models[2].parallelism.dp: dp=8 x tp=1 x pp=1 = 8 but the job has 16 ranks; set dp: auto (= 16) "
+                          "(2 node(s) x 8 = 16 GPUs)"]
+
+
+def test_a_setting_the_framework_lacks_is_refused_not_replaced():
+    ev = evaluate(spec(par=ParallelismConfig(zero_stage=3, recompute="full"), framework=DDP_ONLY, index=1), H200, 88)
+    assert ev.reasons[:3] == [
+        "models[1].parallelism.zero_stage: zero_stage 3 is not implemented by the ddp-only framework (zero_stage: 0)",
+        "models[1].parallelism.recompute: recompute full is not implemented by the ddp-only framework (recompute: none)",
+        "models[1].parallelism.param_dtype: param_dtype bf16 is not implemented by the ddp-only framework (param_dtype: fp32)",
+    ]
+    assert ev.memory is None  # no memory is computed for a layout that cannot run
 
 
 def test_world_size_and_global_batch_divisibility():
-    ev = evaluate(spec(tp=8, pp=2), H200, 8)
-    assert ev.reasons == ["world size 1 node(s) x 8 = 8 GPUs is not divisible by tp x pp = 16"]
+    ev = evaluate(spec(par=ParallelismConfig(zero_stage=3, tp=8), global_batch=1000), H200, 88)
+    assert ev.reasons == ["global_batch 1000 is not a multiple of micro_batch x dp = 1 x 11 on 11 node(s) x 8 = 88 GPUs"]
     ev = evaluate(spec(global_batch=1000), H200, 88)
     assert ev.reasons == ["global_batch 1000 is not a multiple of micro_batch x dp = 1 x 88 on 11 node(s) x 8 = 88 GPUs"]
-    ev = evaluate(spec(tp=8), H200, 88)
-    assert ev.ok and ev.layout.dp == 11 and ev.layout.grad_accum == 112
+    ev = evaluate(spec(par=ParallelismConfig(zero_stage=3, tp=8, sequence_parallel=True)), H200, 88)
+    assert ev.ok and (ev.layout.dp, ev.layout.tp, ev.layout.sequence_parallel) == (11, 8, True)
+    assert ev.layout.param_dtype == "bf16" and evaluate(spec(on_gpu=False), H200, 88).layout.param_dtype == "fp32"
 
 
-def test_does_not_fit_says_by_how_much_and_what_to_try():
-    ev = evaluate(spec(shape=LARGE, zero_stage=0, framework=SHARDING), H100, 112)
+def test_does_not_fit_says_by_how_much_and_what_to_set():
+    ev = evaluate(spec(shape=LARGE, par=DDP), H100, 112)
     assert len(ev.reasons) == 1
     msg = ev.reasons[0]
-    assert msg.startswith("does not fit: needs ") and "GiB per GPU (pipeline stage 0) but 71.6 GiB is usable (79.6 GiB less 10% headroom)" in msg
-    assert "try zero_stage 1, recompute: selective, tp 2" in msg
+    assert msg.startswith("does not fit: needs ") and "GiB per GPU (ddp 112, bf16 params) but 71.6 GiB is usable (79.6 GiB less 10% headroom)" in msg
+    assert msg.endswith("try parallelism.zero_stage: 3, parallelism.recompute: selective, parallelism.tp: 2 with sequence_parallel: true")
     needed = float(msg.split("needs ")[1].split(" GiB")[0])
-    assert needed * 1024**3 == round(ev.memory.total_bytes / 1024**3, 1) * 1024**3
-    assert evaluate(spec(shape=LARGE, zero_stage=3, recompute="full"), H100, 112).ok
+    assert needed == round(ev.memory.total_bytes / 1024**3, 1)
+    assert evaluate(spec(shape=LARGE, par=FSDP), H100, 112).ok
+    tight = replace(H100, gpu_memory_gib=20.0)
+    msg = evaluate(spec(shape=LARGE, par=ParallelismConfig(zero_stage=3, reshard_after_forward=False, recompute="selective")),
+                   tight, 112).reasons[0]
+    assert msg.endswith("try parallelism.reshard_after_forward: true, parallelism.recompute: full, "
+                        "parallelism.tp: 2 with sequence_parallel: true")
 
 
 def test_hints_offer_only_what_the_framework_implements():
-    msg = evaluate(spec(shape=LARGE, zero_stage=0, bf16_weights="fp32", framework=BUILTIN), H100, 112).reasons[0]
-    assert "zero_stage" not in msg and "tp 2" not in msg and "recompute" not in msg
-    assert ("the builtin framework has no ZeRO/FSDP sharding, tensor parallelism, pipeline parallelism or activation "
-            "recomputation: use a smaller model or GPUs with more memory") in msg
-    assert "a smaller micro_batch" in evaluate(spec(shape=LARGE, micro_batch=2, global_batch=224, zero_stage=0,
-                                                    framework=BUILTIN), H100, 112).reasons[0]
+    msg = evaluate(spec(shape=LARGE, par=ParallelismConfig(param_dtype="fp32"), framework=DDP_ONLY), H100, 112).reasons[0]
+    assert msg.endswith("; use a smaller model or GPUs with more memory") and "parallelism" not in msg
+    assert "a smaller training.micro_batch" in evaluate(spec(shape=LARGE, par=ParallelismConfig(param_dtype="fp32"), micro_batch=2,
+                                                             global_batch=224, framework=DDP_ONLY), H100, 112).reasons[0]
 
 
 def test_time_is_flops_over_gpus_peak_and_mfu():
@@ -73,6 +95,14 @@ def test_seed_inputs_give_six_on_eleven_and_one_on_fourteen():
     alloc = allocate(specs, H200, total_units=80, unit_gpus=8)
     assert alloc.units == {**{f"model-{i}": 11 for i in range(1, 7)}, "model-7": 14}
     assert alloc.idle_units == 0 and not alloc.infeasible and not alloc.problems
+
+
+def test_a_fixed_dp_allows_only_its_node_count():
+    alloc = allocate([spec("d", par=ParallelismConfig(zero_stage=3, dp=32), global_batch=1024)], H200, 10, 8)
+    assert alloc.units == {"d": 4}
+    never = allocate([spec("d", par=ParallelismConfig(zero_stage=3, dp=100), index=0)], H200, 10, 8)
+    assert never.infeasible["d"][0].startswith("models[0].parallelism.dp: dp=100 x tp=1 x pp=1 = 100 but the job has 80 ranks")
+    assert never.infeasible["d"][0].endswith("; no count from 1 to 10 nodes suits it")
 
 
 def test_equal_models_split_evenly_and_leftovers_go_to_the_slowest():

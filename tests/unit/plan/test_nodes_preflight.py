@@ -1,5 +1,5 @@
-"""The plan as the other stages use it: each model's framework settings, its node count (nodes_for) and
-the plan's findings (plan_findings / submit_blockers) — on the flagship and on differently shaped projects."""
+"""The plan as the other stages use it: each model's node count (nodes_for) and the plan's findings
+(plan_findings / submit_blockers) — on the flagship and on differently shaped projects."""
 
 from __future__ import annotations
 
@@ -7,10 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from clustertrain.plan import frameworks
-from clustertrain.plan.frameworks import BUILTIN, Framework, effective_settings
 from clustertrain.plan.nodes import nodes_for
 from clustertrain.plan.plan import make_plan
 from clustertrain.plan.preflight import plan_findings, reason_field, submit_blockers
@@ -18,17 +14,17 @@ from clustertrain.project import load_project, validate_project
 
 ROOT = Path(__file__).resolve().parents[3]
 P5E = ROOT / "examples" / "p5e-80x7.yaml"
-ZERO = Framework("zero", "test", zero_stages=(0, 1), tp=(1,), pp=(1,), weights=("bf16", "fp32"), recompute=("none",),
-                 sequence_parallel=False, flash_attention=True)
+DDP = [f"models.{i}.parallelism.zero_stage=0" for i in range(7)]
 
 
 def fleet(models: list[dict], cluster: dict | None = None, plan: dict | None = None, **extra):
-    """A project of 1.3B GPTs (they fit an H200 with DDP); ``models``: per-model overrides (name, tokens, plan...)."""
+    """A project of 1.3B GPTs (they fit an H200 with DDP); ``models``: per-model overrides (name, tokens, plan,
+    parallelism...)."""
     entries = []
     for m in models:
         entry = {"name": m["name"], "model": {"layers": 24, "hidden": 2048, "heads": 16, "seq_len": 4096, "vocab": 32000},
                  "training": {"max_steps": 1000, "micro_batch": 1, "global_batch": m.get("global_batch", 1232)},
-                 "parallelism": {"param_dtype": "bf16"},
+                 "parallelism": {"param_dtype": "bf16", **m.get("parallelism", {})},
                  "plan": {"tokens": m.get("tokens", 100_000_000_000), **m.get("plan", {})}}
         entries.append(entry)
     raw = {"name": "fleet", "cluster": {"backend": "slurm", "nodes": 11, "gpus_per_node": 8, "instance_type": "p5e.48xlarge",
@@ -61,25 +57,21 @@ def test_other_shapes_other_counts():
     assert nodes_for(project) == {"a": 4, "b": 4, "c": 16}
 
 
-def test_framework_settings_are_what_the_builtin_trainer_does_and_asked_ones_are_reported():
-    project = load_project(P5E, ["models.model-7.plan.tp=2"])
-    fw, used, adjustments = effective_settings(project, 6, project.models[6])
-    assert fw is BUILTIN
-    assert used == {"zero_stage": 0, "tp": 1, "pp": 1, "recompute": "none", "sequence_parallel": False, "bf16_weights": "fp32"}
-    assert [(a.field, a.asked, a.used) for a in adjustments] == [("plan.zero_stage", 1, 0), ("models[6].plan.tp", 2, 1)]
-    quiet = fleet([{"name": "a"}])  # nothing asked for: no adjustment, although bf16 weights are the catalog habit
-    assert effective_settings(quiet, 0, quiet.models[0])[2] == []
-    asked = fleet([{"name": "a"}], plan={"bf16_weights": "bf16", "recompute": "selective"})
-    assert [a.field for a in effective_settings(asked, 0, asked.models[0])[2]] == ["plan.recompute", "plan.bf16_weights"]
+def test_the_flagship_has_no_plan_findings_and_under_ddp_each_model_is_an_error_on_its_parallelism():
+    assert plan_findings(load_project(P5E)) == []
+    errors = [f for f in plan_findings(load_project(P5E, DDP)) if f.level == "error"]
+    assert [f.path for f in errors] == [f"models[{i}].parallelism" for i in range(7)]
+    assert "model-7 is infeasible (builtin framework): does not fit: needs 290.2 GiB per GPU" in errors[6].message
+    assert "models[].parallelism" in errors[6].fix
 
 
-def test_flagship_findings_name_each_model_its_field_and_the_framework():
-    findings = plan_findings(load_project(P5E))
-    errors = [f for f in findings if f.level == "error"]
-    assert [f.path for f in errors] == [f"models[{i}].model" for i in range(7)]
-    assert "model-7 is infeasible for its framework (builtin): does not fit: needs 290.2 GiB per GPU" in errors[6].message
-    [zero] = [f for f in findings if f.path == "plan.zero_stage"]
-    assert zero.level == "warning" and "(every model)" in zero.message and "planned with 0" in zero.message
+def test_layout_problems_on_the_allocated_counts_name_the_field():
+    """A fixed dp that no count of the shared cluster gives: the finding is on models[1].parallelism.dp."""
+    project = fleet([{"name": "a"}, {"name": "b", "parallelism": {"zero_stage": 3, "dp": 100}}], plan={"cluster_nodes": 22})
+    [err] = [f for f in plan_findings(project) if f.level == "error"]
+    assert err.path == "models[1].parallelism.dp" and "dp=100 x tp=1 x pp=1 = 100 but the job has" in err.message
+    assert reason_field(6, "models[6].parallelism.tp: tp=3 does not divide ...")[0] == "models[6].parallelism.tp"
+    assert reason_field(0, "does not fit: needs 9 GiB ...; use a smaller model or GPUs with more memory")[0] == "models[0].model"
 
 
 def test_findings_for_other_kinds_of_infeasibility():
@@ -106,13 +98,12 @@ def test_node_sharing_fractions_cannot_be_submitted():
     assert nodes_for(project) == {"a": 1, "b": 1}  # cluster.nodes: what submit would refuse anyway
 
 
-def test_submit_blockers_are_the_errors_of_the_chosen_models(monkeypatch):
+def test_submit_blockers_are_the_errors_of_the_chosen_models():
     project = fleet([{"name": "ok"}, {"name": "bad", "plan": {"nodes": 12}}], plan={"cluster_nodes": 22})
     assert [f.path for f in submit_blockers(project)] == ["models[1].training.global_batch"]
     assert submit_blockers(project, ["ok"]) == []
-    assert len(submit_blockers(load_project(P5E))) == 7
-    monkeypatch.setattr(frameworks, "framework_of", lambda entry: ZERO)  # the FSDP2 issue's framework: it fits
-    flagship = load_project(P5E, ["plan.bf16_weights=bf16"])
+    assert len(submit_blockers(load_project(P5E, DDP))) == 7
+    flagship = load_project(P5E)  # FSDP2: every model fits
     assert submit_blockers(flagship) == [] and nodes_for(flagship)["model-7"] == 14
 
 

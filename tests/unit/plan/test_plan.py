@@ -10,9 +10,7 @@ import typer
 from typer.testing import CliRunner
 
 from clustertrain.errors import ConfigError
-from clustertrain.plan import frameworks
 from clustertrain.plan.catalog import find_instance, load_catalog
-from clustertrain.plan.frameworks import Framework
 from clustertrain.plan.config import InstanceConfig, PlanConfig, PriceConfig
 from clustertrain.plan.plan import make_plan
 from clustertrain.plan.render import render_plan
@@ -23,65 +21,87 @@ P5E = ROOT / "examples" / "p5e-80x7.yaml"
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
 
 
-#: a framework that implements ZeRO and bf16 weights: what the FSDP2/TP issue adds; with it the flagship is the seed's plan
-ZERO = Framework("zero", "a ZeRO-capable test framework", zero_stages=(0, 1, 2, 3), tp=(1,), pp=(1,), weights=("bf16", "fp32"),
-                 recompute=("none",), sequence_parallel=False, flash_attention=True)
+#: every model replicated (DDP): what the trainer did before FSDP2 — the seed's models cannot fit
+DDP = [f"models.{i}.parallelism.zero_stage=0" for i in range(7)]
 
 
 @pytest.fixture(scope="module")
-def builtin_plan():
+def flagship():
     return make_plan(load_project(P5E))
 
 
 @pytest.fixture(scope="module")
-def zero1_plan():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(frameworks, "framework_of", lambda entry: ZERO)
-        return make_plan(load_project(P5E, ["plan.bf16_weights=bf16"]))
+def ddp_plan():
+    return make_plan(load_project(P5E, DDP))
 
 
-def test_flagship_is_planned_for_the_builtin_trainer_and_is_infeasible(builtin_plan):
-    """The trainer is DDP with fp32 weights: ZeRO-1 (asked for by plan.zero_stage) is not what it runs."""
-    c = builtin_plan.cluster
+def test_flagship_is_the_seeds_plan_with_the_layouts_it_carries(flagship):
+    c = flagship.cluster
     assert (c.nodes, c.gpus, c.vcpus, c.memory_gib) == (80, 640, 15_360, 80 * 2048)
     assert c.cost_per_hour == pytest.approx(2768.0)
-    assert not builtin_plan.feasible
-    small, large = builtin_plan.models[0], builtin_plan.models[6]
-    assert (small.zero_stage, small.framework, small.bf16_weights) == (0, "builtin", "fp32")
-    assert small.adjustments == ["plan.zero_stage: 1 is not implemented by the builtin framework; planned with 0"]
+    assert flagship.feasible
+    assert [m.nodes for m in flagship.models] == [11] * 6 + [14]
+    assert all(7 <= m.days <= 14 for m in flagship.models)       # "1-2 weeks each"
+    small, large = flagship.models[0], flagship.models[6]
+    assert small.layout == {"world": 88, "dp": 88, "tp": 1, "pp": 1, "zero_stage": 3, "reshard_after_forward": False,
+                            "recompute": "none", "sequence_parallel": False, "compile": False, "param_dtype": "bf16",
+                            "reduce_dtype": "fp32"}
+    assert large.layout["world"] == 112 and large.layout_text.startswith("fsdp 112, bf16 params / fp32 reduce")
+    for m in (small, large):                                      # fits, with room: the example's comment says how much
+        assert m.memory["total"] < 0.5 * m.memory_budget_bytes
+        assert m.memory["weights"] == 4 * m.memory["params"] and m.memory["params"] < m.params / 80
+    text = render_plan(flagship, "table")
+    for needle in ("640", "15,360", "160 TiB", "$2,768.00/h", "allocation: 6 x 11 + 1 x 14 nodes", "fsdp 88", "fsdp 112",
+                   "memory per GPU (rank 0, the most loaded)", "33.7 GiB", "55.3 GiB", "126.4 GiB", "feasible"):
+        assert needle in text, needle
+
+
+def test_under_ddp_the_flagship_needs_155_and_290_gib_and_the_hint_names_the_fields(ddp_plan):
+    assert not ddp_plan.feasible
+    small, large = ddp_plan.models[0], ddp_plan.models[6]
     assert "needs 154.6 GiB per GPU" in small.reasons[0] and "needs 290.2 GiB per GPU" in large.reasons[0]
-    text = render_plan(builtin_plan, "table")
-    for needle in ("adjusted (every model): plan.zero_stage: 1 is not implemented by the builtin framework; planned with 0",
-                   "framework of every model: the built-in trainer", "infeasible: model-7: does not fit: needs 290.2 GiB",
-                   "NOT feasible"):
-        assert needle in text, needle
+    assert "try parallelism.zero_stage: 3" in large.reasons[0]
+    text = render_plan(ddp_plan, "table")
+    assert "infeasible: model-7: does not fit: needs 290.2 GiB" in text and "NOT feasible" in text
 
 
-def test_with_a_zero1_framework_the_flagship_reproduces_the_seed(zero1_plan):
-    c = zero1_plan.cluster
-    assert c.cost_per_hour == pytest.approx(2768.0)
-    assert zero1_plan.feasible and not zero1_plan.adjustments
-    assert [m.nodes for m in zero1_plan.models] == [11] * 6 + [14]
-    assert all(7 <= m.days <= 14 for m in zero1_plan.models)       # "1-2 weeks each"
-    text = render_plan(zero1_plan, "table")
-    for needle in ("640", "15,360", "160 TiB", "$2,768.00/h", "allocation: 6 x 11 + 1 x 14 nodes", "feasible"):
-        assert needle in text, needle
-
-
-def test_json_and_markdown_carry_the_same_numbers(zero1_plan, builtin_plan):
-    doc = json.loads(render_plan(zero1_plan, "json"))
-    assert doc["version"] == 1 and doc["feasible"] is True
+def test_json_and_markdown_carry_the_same_numbers(flagship, ddp_plan):
+    doc = json.loads(render_plan(flagship, "json"))
+    assert doc["version"] == 2 and doc["feasible"] is True
     assert doc["cluster"]["gpus"] == 640 and doc["cluster"]["price_region"] == "ap-southeast-3"
     assert doc["cluster"]["region"] == "ap-southeast-3" and doc["cluster"]["price_note"] is None
     assert [m["nodes"] for m in doc["models"]] == [11] * 6 + [14]
     m7 = doc["models"][6]
     assert m7["memory"]["total"] <= m7["memory_budget_bytes"]
     assert m7["total_flops"] == pytest.approx(m7["flops_per_token"] * 460e9)
-    md = render_plan(zero1_plan, "markdown")
+    assert m7["layout"]["zero_stage"] == 3 and m7["layout"]["dp"] == 112 and m7["parallelism"]["param_dtype"] == "bf16"
+    md = render_plan(flagship, "markdown")
     assert "| vCPUs | 15,360 |" in md and "Allocation: 6 x 11 + 1 x 14 nodes" in md
-    doc = json.loads(render_plan(builtin_plan, "json"))
-    assert doc["models"][0]["adjustments"] and doc["models"][0]["framework"] == "builtin"
-    assert "- adjusted (every model): plan.zero_stage: 1" in render_plan(builtin_plan, "markdown")
+    assert "| model-7 | fsdp 112, bf16 params / fp32 reduce, no reshard after forward |" in md
+    doc = json.loads(render_plan(ddp_plan, "json"))
+    assert doc["models"][0]["layout"] is None and doc["models"][0]["parallelism"]["zero_stage"] == 0
+    assert "- infeasible: model-1: does not fit" in render_plan(ddp_plan, "markdown")
+
+
+@pytest.mark.parametrize("key,message", [
+    ("plan.zero_stage=1", r"plan: plan\.zero_stage moved to models\[\]\.parallelism\.zero_stage \(0 = DDP, 3 = FSDP2\); "
+                          r"the planner and the trainer read the same field"),
+    ("plan.recompute=full", r"plan\.recompute moved to models\[\]\.parallelism\.recompute"),
+    ("plan.sequence_parallel=true", r"plan\.sequence_parallel moved to models\[\]\.parallelism\.sequence_parallel"),
+    ("plan.bf16_weights=bf16", r"plan\.bf16_weights is gone: set models\[\]\.parallelism\.param_dtype"),
+    ("models.model-7.plan.tp=2", r"models\[6\]\.plan: tp moved to models\[\]\.parallelism\.tp;"),
+    ("models.0.plan.zero_stage=3", r"models\[0\]\.plan: zero_stage moved to models\[\]\.parallelism\.zero_stage"),
+    ("models.0.plan.pp=2", r"models\[0\]\.plan: pp moved to models\[\]\.parallelism\.pp"),
+])
+def test_removed_planning_keys_say_where_they_moved(key, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        load_project(P5E, [key])
+    assert "\n" not in str(err.value)
+
+
+def test_an_override_of_one_model_leaves_the_others_sharing_its_yaml_anchor():
+    plan = make_plan(load_project(P5E, ["models.model-1.parallelism.recompute=full"]))
+    assert [m.layout["recompute"] for m in plan.models] == ["full"] + ["none"] * 6
 
 
 def test_price_applies_only_in_the_projects_region():
@@ -132,7 +152,8 @@ def test_quickstart_plans_cpu_workers_without_prices():
     m = plan.models[0]
     assert plan.feasible and m.gpus == 2 and m.dp == 2 and m.days is None
     assert m.tokens == 200 * 16 * 128
-    assert m.memory["weights"] == 4 * m.params                     # fp32 on CPU
+    assert m.memory["weights"] == 4 * m.params                     # DDP: the whole model on every rank
+    assert m.layout["param_dtype"] == "fp32" and m.layout_text == "ddp 2, fp32 params"   # auto = fp32 on CPU workers
 
 
 def _cli():
@@ -144,24 +165,25 @@ def _cli():
     return app
 
 
-def test_cli_exit_codes(monkeypatch):
+def test_cli_exit_codes():
     runner = CliRunner()
-    builtin = runner.invoke(_cli(), ["plan", str(P5E), "--format", "json"])
-    assert builtin.exit_code == 1 and json.loads(builtin.output)["feasible"] is False  # the trainer cannot run it
-    monkeypatch.setattr(frameworks, "framework_of", lambda entry: ZERO)
-    ok = runner.invoke(_cli(), ["plan", str(P5E), "--format", "json", "--set", "plan.bf16_weights=bf16"])
+    ok = runner.invoke(_cli(), ["plan", str(P5E), "--format", "json"])
     assert ok.exit_code == 0, ok.output
     assert json.loads(ok.output)["cluster"]["vcpus"] == 15_360
-    tight = runner.invoke(_cli(), ["plan", str(P5E), "--set", "plan.bf16_weights=bf16", "--set", "models.model-7.plan.deadline_days=5"])
+    ddp = runner.invoke(_cli(), ["plan", str(P5E), "--format", "json", *(a for s in DDP for a in ("--set", s))])
+    assert ddp.exit_code == 1 and json.loads(ddp.output)["feasible"] is False  # replicated, the models do not fit
+    tight = runner.invoke(_cli(), ["plan", str(P5E), "--set", "models.model-7.plan.deadline_days=5"])
     assert tight.exit_code == 1           # model-7 alone needs 77 nodes to finish in 5 days
     assert "problem: the feasible models need at least 83 nodes together" in tight.output and "model-7 77)" in tight.output
-    late = runner.invoke(_cli(), ["plan", str(P5E), "--set", "plan.bf16_weights=bf16", "--set", "models.model-7.plan.deadline_days=1"])
+    late = runner.invoke(_cli(), ["plan", str(P5E), "--set", "models.model-7.plan.deadline_days=1"])
     assert late.exit_code == 1
     assert "infeasible: model-7: takes " in late.output and "over the deadline of 1 days" in late.output
     wrong = runner.invoke(_cli(), ["plan", str(P5E), "--format", "xml"])
     assert wrong.exit_code == 2 and "Invalid value for '--format'" in wrong.output  # typer checks the choice
     missing = runner.invoke(_cli(), ["plan", "no-such.yaml"])
     assert isinstance(missing.exception, ConfigError)            # clustertrain.cli.main turns it into exit 2
+    moved = runner.invoke(_cli(), ["plan", str(P5E), "--set", "plan.zero_stage=3"])
+    assert isinstance(moved.exception, ConfigError) and "moved to models[].parallelism.zero_stage" in str(moved.exception)
 
 
 @pytest.mark.slow

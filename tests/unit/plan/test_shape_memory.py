@@ -1,15 +1,25 @@
-"""Parameter counts and the memory formulas — against the real trainer's tensors and against
-hand-computed cases (Korthikanti et al. 2022 Table 2; a 7B GPT with TP 8, ZeRO-1 over 64 GPUs)."""
+"""The planner's view of the trainer's model and its memory: the tensor list against the real GPT, the
+model-state bytes against the real tensors after an optimizer step, the FSDP2/TP shard arithmetic
+against torch's own chunking and by hand, and the activation formulas against Korthikanti et al. 2022."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from clustertrain.plan.memory import Layout, estimate_memory, layer_activation_bytes, stage_params, structure_problems
-from clustertrain.plan.shape import ModelShape
+from clustertrain.plan.memory import (
+    GiB,
+    buffer_bytes,
+    chunk_rows,
+    estimate_memory,
+    layer_activation_bytes,
+    local_shape,
+    trainer_state_bytes,
+)
+from clustertrain.plan.shape import ModelShape, parameter_tensors
 from clustertrain.train.config import ArchConfig, TrainingConfig
-from clustertrain.train.model import GPT
+from clustertrain.train.layout import ParallelLayout
+from clustertrain.train.model import GPT, loss_fn
 from clustertrain.train.optim import build_optimizer
 
 ARCHS = [
@@ -19,31 +29,131 @@ ARCHS = [
 ]
 
 
+def fsdp(dp: int, tp: int = 1, **kw) -> ParallelLayout:
+    return ParallelLayout(world=dp * tp, dp=dp, tp=tp, zero_stage=3, **kw)
+
+
 @pytest.mark.parametrize("kw", ARCHS)
-def test_param_counts_match_the_trainer_model(kw):
+def test_parameter_tensors_are_the_trainer_models_names_and_shapes(kw):
     arch = ArchConfig(**kw)
     model = GPT(arch, 320)
     shape = ModelShape.from_arch(arch, 320)
+    real = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    assert {t.name: t.shape for t in parameter_tensors(shape)} == real
+    assert shape.param_tensors() == len(real) == len(parameter_tensors(shape))
     assert shape.total_params() == model.num_params()
     assert shape.non_embedding_params() == model.num_params(non_embedding=True)
-    assert shape.param_tensors() == len(list(model.parameters()))
 
 
 @pytest.mark.parametrize("kw", ARCHS)
 def test_model_state_bytes_equal_the_real_tensors_after_one_optimizer_step(kw):
     arch = ArchConfig(**kw)
-    torch.manual_seed(0)
-    model = GPT(arch, 320)
+    model = GPT(arch, 320, seed=0)
     opt = build_optimizer(model, TrainingConfig(max_steps=1))
     x = torch.randint(0, 320, (2, arch.seq_len))
-    model(x, x).backward()
+    loss_fn(model(x), x).backward()
     opt.step()
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     grads = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters())
     state = sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values() if torch.is_tensor(t))
     assert all(set(s) == {"step", "exp_avg", "exp_avg_sq"} for s in opt.state.values())
-    est = estimate_memory(ModelShape.from_arch(arch, 320), Layout(precision="fp32", dp=1))
-    assert (est.weights_bytes, est.grads_bytes, est.optimizer_bytes) == (params, grads, state)
+    layout = ParallelLayout(world=1, dp=1, param_dtype="fp32")
+    assert trainer_state_bytes(ModelShape.from_arch(arch, 320), layout) == (params, grads, state)
+
+
+@pytest.mark.parametrize("rows,parts", [(8, 3), (4, 3), (10, 4), (7, 8), (64, 4), (1, 2), (33, 5)])
+def test_chunk_rows_is_torch_chunk(rows, parts):
+    sizes = [c.shape[0] for c in torch.chunk(torch.empty(rows), parts)]
+    sizes += [0] * (parts - len(sizes))                         # torch returns fewer chunks: those ranks hold nothing
+    assert [chunk_rows(rows, parts, i) for i in range(parts)] == sizes
+
+
+TINY = ModelShape(layers=1, hidden=8, heads=2, seq_len=4, vocab=16, ffn_dim=32)
+
+
+def test_fsdp_times_tp_shards_by_hand():
+    """tp 2 x dp 3 on a one-block GPT (h 8, f 32, s 4, V 16, LayerNorm, tied): rank 0 holds ceil rows."""
+    layout = fsdp(dp=3, tp=2)
+    # tok_emb [16,8] -> tp [8,8] -> 3 rows 24 | pos [4,8] -> 2 rows 16 | norms 3 x 2 x 3 = 18
+    # wq/wk/wv [8,8] -> [4,8] -> 2 rows 16 each, biases [8] -> [4] -> 2 each | wo [8,8] -> [8,4] -> 3 rows 12, bias 3
+    # w_up [32,8] -> [16,8] -> 6 rows 48, bias 6 | w_down [8,32] -> [8,16] -> 3 rows 48, bias 3
+    local = 24 + 16 + 18 + 3 * 16 + 3 * 2 + 12 + 3 + 48 + 6 + 48 + 3
+    assert local == 232 and len(parameter_tensors(TINY)) == 20
+    assert trainer_state_bytes(TINY, layout) == (4 * 232, 4 * 232, 8 * 232 + 4 * 20)
+    # the last rank (dp 2, tp 1) gets what is left: pos_emb and the q/k/v shards are empty there
+    last = {t.name: local_shape(t, layout, rank=5) for t in parameter_tensors(TINY)}
+    assert last["pos_emb.weight"] == (0, 8) and last["blocks.0.attn.wq.weight"] == (0, 8)
+    assert trainer_state_bytes(TINY, layout, rank=5)[0] == 4 * 108
+
+
+@pytest.mark.parametrize("shape", [TINY, ModelShape(layers=3, hidden=96, heads=6, seq_len=16, vocab=320, ffn_dim=256,
+                                                    mlp="swiglu", norm="rmsnorm", tie_embeddings=False)])
+@pytest.mark.parametrize("dp", [2, 3, 4, 5])
+def test_fsdp_shards_partition_the_model_and_rank_0_is_the_most_loaded(shape, dp):
+    ddp = trainer_state_bytes(shape, ParallelLayout(world=1, dp=1))
+    ranks = [trainer_state_bytes(shape, fsdp(dp), rank=r) for r in range(dp)]
+    assert sum(r[0] for r in ranks) == ddp[0] and sum(r[1] for r in ranks) == ddp[1]   # every element exactly once
+    steps = 4 * shape.param_tensors()
+    assert sum(r[2] - steps for r in ranks) == ddp[2] - steps                           # AdamW step: per tensor per rank
+    assert ranks[0] == max(ranks)
+    expect = sum(-(-t.shape[0] // dp) * (t.numel // t.shape[0]) for t in parameter_tensors(shape))
+    assert ranks[0][0] == 4 * expect                                                    # ceil(rows / dp) rows per tensor
+
+
+def test_tp_2_halves_the_split_tensors_and_keeps_the_replicated_ones():
+    shape = ModelShape(layers=2, hidden=64, heads=4, seq_len=32, vocab=320, ffn_dim=256, tie_embeddings=False)
+    tp2 = ParallelLayout(world=2, dp=1, tp=2, zero_stage=3)
+    one = ParallelLayout(world=1, dp=1)
+    split = replicated = 0
+    for t in parameter_tensors(shape):
+        full, half = local_shape(t, one), local_shape(t, tp2)
+        if t.tp_dim is None:
+            assert half == full
+            replicated += t.numel
+        else:
+            assert half[t.tp_dim] * 2 == full[t.tp_dim] and t.numel == 2 * _numel(half)
+            split += t.numel
+    assert trainer_state_bytes(shape, tp2)[0] == 4 * (split // 2 + replicated)
+    # both tp ranks hold the same amount; FSDP over dp 2 on top halves again (all dims divide)
+    assert trainer_state_bytes(shape, tp2, rank=1) == trainer_state_bytes(shape, tp2)
+    assert trainer_state_bytes(shape, fsdp(dp=2, tp=2))[0] * 2 == trainer_state_bytes(shape, tp2)[0]
+
+
+def _numel(dims) -> int:
+    n = 1
+    for d in dims:
+        n *= d
+    return n
+
+
+def test_buffers_are_the_stated_allowances():
+    shape = ModelShape(layers=4, hidden=64, heads=4, seq_len=32, vocab=320, ffn_dim=256)
+    params = shape.total_params()
+    assert buffer_bytes(shape, ParallelLayout(world=1, dp=1, param_dtype="fp32")) == 0
+    assert buffer_bytes(shape, ParallelLayout(world=2, dp=2, param_dtype="fp32")) == 4 * params      # DDP buckets
+    assert buffer_bytes(shape, ParallelLayout(world=2, dp=2, param_dtype="bf16")) == 6 * params      # + autocast copy
+    block = sum(t.numel for t in parameter_tensors(shape) if t.block == 0)
+    root = sum(t.numel for t in parameter_tensors(shape) if t.block is None)
+    assert buffer_bytes(shape, fsdp(4, param_dtype="bf16")) == 2 * (root + 2 * block) + 4 * block
+    assert buffer_bytes(shape, fsdp(4, param_dtype="bf16", reshard_after_forward=False)) == 2 * (root + 4 * block) + 4 * block
+    assert buffer_bytes(shape, fsdp(4, param_dtype="fp32", reduce_dtype="bf16")) == 4 * (root + 2 * block) + 2 * block
+
+
+FLAGSHIP_6B = ModelShape(layers=32, hidden=4096, heads=32, seq_len=4096, vocab=32000, ffn_dim=16384)
+FLAGSHIP_12B = ModelShape(layers=40, hidden=5120, heads=40, seq_len=4096, vocab=32000, ffn_dim=20480)
+
+
+def test_flagship_needs_155_and_290_gib_under_ddp_and_little_under_fsdp2():
+    ddp6 = estimate_memory(FLAGSHIP_6B, ParallelLayout(world=88, dp=88, param_dtype="bf16"), framework_gib=3.0)
+    ddp12 = estimate_memory(FLAGSHIP_12B, ParallelLayout(world=112, dp=112, param_dtype="bf16"), framework_gib=3.0)
+    assert round(ddp6.total_bytes / GiB) == 155 and round(ddp12.total_bytes / GiB) == 290
+    assert ddp6.model_states_bytes == 16 * FLAGSHIP_6B.total_params() + 4 * FLAGSHIP_6B.param_tensors()
+    f6 = estimate_memory(FLAGSHIP_6B, fsdp(88, param_dtype="bf16"), framework_gib=3.0)
+    f12 = estimate_memory(FLAGSHIP_12B, fsdp(112, param_dtype="bf16"), framework_gib=3.0)
+    assert f6.model_states_bytes < 1.2 * GiB and f12.model_states_bytes < 2 * GiB   # 16 B/param over 88 and 112 ranks
+    assert f6.total_bytes < 25 * GiB and f12.total_bytes < 35 * GiB                   # activations are the bulk
+    tp = estimate_memory(FLAGSHIP_12B, fsdp(56, tp=2, param_dtype="bf16", sequence_parallel=True), framework_gib=3.0)
+    assert tp.activations_bytes == pytest.approx(f12.activations_bytes / 2, rel=0.01) and tp.total_bytes < f12.total_bytes
 
 
 def _korthikanti_shape(**kw) -> ModelShape:
@@ -55,61 +165,23 @@ def test_activations_per_layer_match_korthikanti_table_2():
     sh = _korthikanti_shape()
     s, b, h, a, t = 2048, 2, 1024, 16, 8
     sbh, as2b = s * b * h, a * s * s * b
-    base = dict(micro_batch=b, flash_attention=False, precision="bf16")
-    assert layer_activation_bytes(sh, Layout(**base)) == 34 * sbh + 5 * as2b
-    assert layer_activation_bytes(sh, Layout(tp=t, **base)) == sbh * (10 + 24 / t) + 5 * as2b / t
-    assert layer_activation_bytes(sh, Layout(tp=t, sequence_parallel=True, **base)) == 34 * sbh / t + 5 * as2b / t
-    assert layer_activation_bytes(sh, Layout(tp=t, sequence_parallel=True, recompute="selective", **base)) == 34 * sbh / t
-    assert layer_activation_bytes(sh, Layout(tp=t, recompute="full", **base)) == 2 * sbh
-    # fp32 doubles every element but not the 1-byte dropout masks: (34 - 2 - ... ) computed by hand
-    fp32 = layer_activation_bytes(sh, Layout(micro_batch=b, flash_attention=False, precision="fp32"))
-    assert fp32 == (16 + 2 + 16 + 32) * sbh + (4 + 1 + 4) * as2b
+
+    def per_layer(**kw):
+        tp = kw.pop("tp", 1)
+        return layer_activation_bytes(sh, ParallelLayout(world=tp, dp=1, tp=tp, zero_stage=3, param_dtype=kw.pop("dtype", "bf16"),
+                                                         **kw), micro_batch=b, flash_attention=False)
+
+    assert per_layer() == 34 * sbh + 5 * as2b
+    assert per_layer(tp=t) == sbh * (10 + 24 / t) + 5 * as2b / t
+    assert per_layer(tp=t, sequence_parallel=True) == 34 * sbh / t + 5 * as2b / t
+    assert per_layer(tp=t, sequence_parallel=True, recompute="selective") == 34 * sbh / t
+    assert per_layer(tp=t, recompute="full") == 2 * sbh
+    # fp32 doubles every element but not the 1-byte dropout masks
+    assert per_layer(dtype="fp32") == (16 + 2 + 16 + 32) * sbh + (4 + 1 + 4) * as2b
 
 
 def test_flash_attention_keeps_only_the_log_sum_exp():
     sh = _korthikanti_shape()
     s, b, h, a = 2048, 1, 1024, 16
-    assert layer_activation_bytes(sh, Layout(micro_batch=b)) == 34 * s * b * h + 4 * a * s * b
-
-
-SEVEN_B = ModelShape(layers=32, hidden=4096, heads=32, seq_len=4096, vocab=32000, ffn_dim=16384)
-
-
-def test_7b_tp8_pp1_zero1_over_64_gpus_by_hand():
-    # per block: tensor-parallel part 4h² + 2fh + 3h + f = 201,355,264 / 8 = 25,169,408,
-    # plus replicated row biases 2h = 8,192 and two LayerNorms 4h = 16,384 -> 25,193,984
-    # 32 blocks 806,207,488 + vocab shard 4,000 x 4096 = 16,384,000 + positions 16,777,216 + final norm 8,192
-    assert stage_params(SEVEN_B, tp=8, pp=1, stage=0) == (839_376_896, 32 * 12 + 4)
-    layout = Layout(tp=8, pp=1, dp=8, micro_batch=1, grad_accum=16, zero_stage=1, precision="bf16")
-    est = estimate_memory(SEVEN_B, layout, framework_gib=3.0)
-    assert est.weights_bytes == 2 * 839_376_896
-    assert est.grads_bytes == 2 * 839_376_896
-    assert est.optimizer_bytes == 12 * 839_376_896 // 8 + 4 * 388          # fp32 master + moments over dp = 8
-    # activations: 32 x (8·sbh + (8·sbh + 4·sbf)/8 + 4·a·s/8) + output 4·sbh + 4·s·4000
-    assert est.activations_bytes == 32 * (134_217_728 + 50_331_648 + 65_536) + 67_108_864 + 65_536_000
-    assert est.buffers_bytes == 0
-    assert est.total_bytes == 2 * 1_678_753_792 + 1_259_066_896 + 6_040_322_048 + 3 * 1024**3
-
-
-def test_zero_stages_shard_progressively_and_ddp_buckets_count():
-    base = dict(tp=8, dp=8, micro_batch=1, precision="bf16")
-    z = [estimate_memory(SEVEN_B, Layout(zero_stage=k, **base)) for k in range(4)]
-    assert z[0].optimizer_bytes > z[1].optimizer_bytes and z[1].grads_bytes > z[2].grads_bytes
-    assert z[2].weights_bytes > z[3].weights_bytes
-    assert z[0].buffers_bytes == z[0].grads_bytes        # DDP copies gradients into buckets
-    assert z[3].buffers_bytes > 0                          # two blocks gathered for FSDP
-
-
-def test_pipeline_puts_embedding_on_first_and_a_tied_copy_on_last_stage():
-    first = stage_params(SEVEN_B, 1, 4, 0)[0]
-    last = stage_params(SEVEN_B, 1, 4, 3)[0]
-    middle = stage_params(SEVEN_B, 1, 4, 1)[0]
-    assert first - middle == 32000 * 4096 + 4096 * 4096
-    assert last - middle == 32000 * 4096 + 2 * 4096
-
-
-def test_structure_problems_name_the_valid_choices():
-    sh = ModelShape(layers=30, hidden=768, heads=12, seq_len=1024, vocab=50304, ffn_dim=3072)
-    assert structure_problems(sh, 8, 1) == ["tp=8 does not divide heads=12; valid tp: 1, 2, 3, 4, 6, 12"]
-    assert structure_problems(sh, 4, 4) == ["pp=4 does not divide layers=30; valid pp: 1, 2, 3, 5, 6, 10, 15, 30"]
-    assert structure_problems(sh, 4, 5) == []
+    layout = ParallelLayout(world=1, dp=1, param_dtype="bf16")
+    assert layer_activation_bytes(sh, layout, micro_batch=b) == 34 * s * b * h + 4 * a * s * b

@@ -1,29 +1,55 @@
-"""Checkpoints: atomic, sharded-ready (torch.distributed.checkpoint), resumable.
+"""Checkpoints: sharded (torch.distributed.checkpoint), resharding on load, atomic, optionally asynchronous.
 
 Layout below ``RUN_DIR/checkpoints/``::
 
     step_00000040/          one complete checkpoint
-      .metadata, *.distcp   DCP: model and optimizer state (replicated DDP tensors written once)
-      rank_<R>.pt           per-rank state: torch/CUDA RNG, LR-scheduler state
+      __<R>_0.distcp        DCP data: what rank R wrote (its local shards; a replicated tensor once)
+      .metadata             DCP index: every tensor's global shape and which file holds which chunk
       meta.json             :class:`CheckpointMeta` — written LAST:
-                            {"format": "clustertrain-checkpoint", "version": 1, "clustertrain": "0.1.0", "step": 40,
-                             "consumed_samples": 640, "world_size": 2, "fingerprint": "3f2a09c1d4e5b6a7",
-                             "project": "p", "model": "tiny", "time": 1795000000.0}
+                            {"format": "clustertrain-checkpoint", "version": 2, "clustertrain": "0.2.0",
+                             "step": 40, "consumed_samples": 640, "world_size": 4,
+                             "layout": {"world": 4, "dp": 2, "tp": 2, "zero_stage": 3, ...},
+                             "fingerprint": "3f2a09c1d4e5b6a7", "project": "p", "model": "tiny",
+                             "time": 1795000000.0}
     latest                  text file naming the newest complete checkpoint directory (atomic rename)
     .tmp-step_...           a save in progress (or killed); removed at the next start
+    .trash-step_...         a checkpoint being pruned
 
-Save protocol: every rank writes into ``.tmp-step_N``; after a barrier rank 0 writes
-``meta.json``, fsyncs, renames the directory to ``step_N``, fsyncs the parent, and only then
-replaces ``latest``. A kill at any moment therefore leaves ``latest`` at a complete checkpoint.
-A directory counts as a checkpoint only when it has both ``meta.json`` and ``.metadata``.
+What the DCP state dict holds (model, optimizer, step and data position, per-rank RNG) and what resumes
+exactly across a layout change is :mod:`clustertrain.train.state`'s docstring. ``layout`` is
+:meth:`clustertrain.train.layout.ParallelLayout.to_dict` of the run that wrote it; the RNG streams are
+restored only when it equals the loading run's layout (:meth:`CheckpointManager.same_layout`).
+
+Commit protocol. Every rank writes into ``.tmp-step_N`` (DCP: each rank its files, then the coordinator,
+rank 0, gathers every rank's write results and writes ``.metadata`` via ``.metadata.tmp`` + rename; DCP
+fsyncs every file). Then rank 0 writes ``meta.json`` (temp + fsync + rename), fsyncs the directory,
+renames it to ``step_N``, fsyncs ``checkpoints/``, and only then replaces ``latest`` (temp + rename).
+A directory counts as a checkpoint only with both ``meta.json`` and ``.metadata``
+(:func:`is_complete`). A kill at any moment therefore leaves ``latest`` naming a complete checkpoint.
+
+Asynchronous saves (``save(..., async_save=True)``). The call first waits for the previous async save
+and commits it, then stages the state to CPU memory (pinned on a GPU, reused between saves), starts
+``dcp.async_save`` in a background thread on its own gloo process group (so its collectives never
+interleave with the training loop's) and returns: training stalls only for the staging copy. Rank 0
+commits only after its future resolved. That is sufficient: in torch's ``state_dict_saver._save_state_dict``
+the write phase is ``_DistWrapper.all_reduce("write", write_data, finish_checkpoint)`` — every rank
+writes its data and the coordinator gathers all ranks' write results, then runs
+``storage_writer.finish`` (which writes ``.metadata``), then broadcasts; rank 0's future resolves after
+that, so every rank's data and ``.metadata`` are on disk when it does (torch 2.13; DCP fsyncs each data
+file before returning its write result). :meth:`~CheckpointManager.poll` (non-blocking, each step),
+:meth:`~CheckpointManager.wait` (at the end) and the next ``save`` commit it and return its path on rank 0.
+The data files are ``torch.save`` records without zip CRC-32s (``torch.load`` never checks them).
 
 Pruning (``keep_last``) skips the checkpoints a background backup is reading or about to read
 (``protected``, see :mod:`clustertrain.train.backup`); they go at a later save or the final
 :meth:`CheckpointManager.prune`. A pruned directory is renamed to ``.trash-step_…`` first, so a
 kill mid-delete never leaves a half-deleted ``step_…``.
 
-``meta.json`` is read leniently (keys a newer clustertrain added are ignored; ``version`` is the
-format's number, ``clustertrain`` the writer's version, see :mod:`clustertrain.runstate`).
+Format versions: 2 (this one, the separate q/k/v and gate/up model). Format 1 (the fused-qkv model,
+``rank_<R>.pt`` side files) is refused in one line (:func:`check_format`). ``meta.json`` is read
+leniently (keys a newer clustertrain added are ignored; ``clustertrain`` is the writer's version, see
+:mod:`clustertrain.runstate`). Torch is imported inside the methods: the launcher imports this module
+to check ownership without loading torch.
 """
 
 from __future__ import annotations
@@ -34,7 +60,7 @@ import shutil
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,11 +70,13 @@ from clustertrain.errors import RunDirError
 from clustertrain.rundir import fsync_dir, write_atomic
 from clustertrain.runstate import StoredRecord, read_record, write_record
 
-if TYPE_CHECKING:  # torch is imported where it is used, so launchers that only read the layout stay light
-    import torch
+if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+    from torch.distributed.checkpoint import StorageWriter
 
 FORMAT = "clustertrain-checkpoint"
-VERSION = 1
+VERSION = 2
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 
 
@@ -66,7 +94,8 @@ class CheckpointMeta(StoredRecord):
     format: str = Field(FORMAT, description="Always clustertrain-checkpoint.")
     step: int = Field(..., description="Steps trained when it was saved.")
     consumed_samples: int = Field(0, description="Samples consumed (step x global_batch).")
-    world_size: int | None = Field(None, description="Ranks that saved it (their RNG state is in rank_<R>.pt).")
+    world_size: int | None = Field(None, description="Ranks that saved it.")
+    layout: dict[str, Any] | None = Field(None, description="ParallelLayout.to_dict() of the run that saved it.")
     fingerprint: str | None = Field(None, description="Architecture fingerprint of the model it holds.")
     project: str | None = Field(None, description="Project name.")
     model: str | None = Field(None, description="Model name.")
@@ -79,6 +108,19 @@ def read_meta(path: Path) -> CheckpointMeta:
     if meta is None:
         raise RunDirError(f"{path}: has no meta.json, so it is not a complete checkpoint; move it out of {path.parent}")
     return meta
+
+
+def check_format(path: Path, meta: CheckpointMeta) -> None:
+    """Refuse a checkpoint whose format this version cannot load (one :class:`RunDirError` line)."""
+    if meta.version == VERSION:
+        return
+    if meta.version < VERSION:
+        raise RunDirError(
+            f"{path}: written by clustertrain {meta.clustertrain} with the fused-qkv model (checkpoint format "
+            f"{meta.version}); this version cannot load it — use --no-resume to archive it or another --run-dir")
+    raise RunDirError(
+        f"{path}: written by clustertrain {meta.clustertrain} in checkpoint format {meta.version}, newer than this "
+        f"version reads ({VERSION}); upgrade clustertrain, or use --no-resume to archive it or another --run-dir")
 
 
 def complete_checkpoints(root: Path) -> list[Path]:
@@ -101,7 +143,8 @@ def find_latest(root: Path) -> Path | None:
 
 
 def check_ownership(root: Path, fingerprint: str, project: str, model: str) -> None:
-    """Refuse to resume from checkpoints another project/model/architecture wrote."""
+    """Refuse to resume from checkpoints another project/model/architecture wrote, or in a format this
+    version cannot load."""
     latest = find_latest(root)
     if latest is None:
         return
@@ -112,6 +155,7 @@ def check_ownership(root: Path, fingerprint: str, project: str, model: str) -> N
             f"(another project or architecture than {project!r}/{model!r}); use another --run-dir, "
             "or --no-resume to archive them and start over"
         )
+    check_format(latest, meta)
 
 
 def clean_stale(root: Path) -> None:
@@ -121,8 +165,57 @@ def clean_stale(root: Path) -> None:
                 shutil.rmtree(p, ignore_errors=True)
 
 
+WriterFactory = Callable[[Path], "StorageWriter"]
+"""Builds the DCP storage writer for one checkpoint directory (default :func:`file_writer`)."""
+
+
+def file_writer(path: Path) -> StorageWriter:
+    """DCP's file writer (one file per rank, every file fsynced), without zip CRC-32s (see :class:`_Writer`)."""
+    return _file_writer_class()(str(path), single_file_per_rank=True, sync_files=True)
+
+
+def _file_writer_class() -> type:
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.serialization import get_crc32_options, set_crc32_options
+
+    class _Writer(FileSystemWriter):
+        """``FileSystemWriter`` whose ``torch.save`` records skip the zip CRC-32: ``torch.load`` (DCP's
+        reader) never checks it, and computing it is a quarter of a save's time (bench/checkpoint.py).
+        DCP writes inside ``write_data`` (its future is already done on return), so the switch is
+        scoped to our writes; only a concurrent ``torch.save`` elsewhere in the process could see it."""
+
+        def write_data(self, plan, planner):
+            crc = get_crc32_options()
+            set_crc32_options(False)
+            try:
+                return super().write_data(plan, planner)
+            finally:
+                set_crc32_options(crc)
+
+    return _Writer
+
+
+@dataclass
+class _InFlight:
+    """An async save whose data is still being written."""
+
+    future: Future
+    step: int
+    consumed_samples: int
+    final: Path
+    tmp: Path
+
+
 @dataclass
 class CheckpointManager:
+    """Saves, commits, loads and prunes one run's checkpoints (protocol in the module docstring).
+    Every rank holds one and calls :meth:`save`, :meth:`wait` and :meth:`load` together.
+
+    ``process_group``: where async saves run their collectives, from a background thread. Nothing else
+    may use that group meanwhile (two threads issuing collectives on one group can pair them differently
+    on different ranks); None makes a dedicated gloo group at the first async save.
+    ``writer``: the DCP storage writer for a directory (a test passes a slow one)."""
+
     root: Path
     keep_last: int
     fingerprint: str
@@ -130,45 +223,107 @@ class CheckpointManager:
     model_name: str
     rank: int
     world_size: int
+    layout: dict[str, Any] | None = None
+    process_group: Any = None
     protected: Callable[[], AbstractContextManager[set[str]]] | None = None
+    writer: WriterFactory = file_writer
+    _inflight: _InFlight | None = field(default=None, init=False, repr=False)
+    _stager: Any = field(default=None, init=False, repr=False)
+    _async_group: Any = field(default=None, init=False, repr=False)
 
-    def save(self, step: int, consumed_samples: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-             extra: dict[str, Any]) -> Path:
-        import torch
+    # -- saving ----------------------------------------------------------------------------------
+    def save(self, step: int, consumed_samples: int, state: dict[str, Any], *, async_save: bool = False) -> Path | None:
+        """Save ``state`` (:func:`clustertrain.train.state.app_state`) as step ``step``. Synchronous: returns
+        the committed directory on every rank. Asynchronous: waits for the previous async save and commits
+        it, stages ``state`` to CPU, starts writing it and returns the previous save's directory if this
+        call committed it (rank 0), else None; :meth:`poll`/:meth:`wait` commit the new one."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
 
+        previous = self.wait()
         final = self.root / step_dir_name(step)
         tmp = self.root / f".tmp-{final.name}"
         if self.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         _barrier()
-        model_sd, optim_sd = get_state_dict(model, optimizer)
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
-        rank_file = tmp / f"rank_{self.rank}.pt"
-        with open(rank_file, "wb") as f:
-            torch.save(extra, f)
-            f.flush()
-            os.fsync(f.fileno())
-        _barrier()
-        if self.rank == 0:
-            meta = CheckpointMeta(version=VERSION, step=step, consumed_samples=consumed_samples,
-                                  world_size=self.world_size, fingerprint=self.fingerprint, project=self.project,
-                                  model=self.model_name, time=time.time())
-            write_record(tmp / "meta.json", meta)
-            fsync_dir(tmp)
-            if final.exists():  # an earlier save of the same step that `latest` never named
-                trash = self.root / f".trash-{final.name}-{os.getpid()}"
-                os.replace(final, trash)
-                shutil.rmtree(trash, ignore_errors=True)
-            os.replace(tmp, final)
-            fsync_dir(self.root)
-            write_atomic(self.root / "latest", final.name + "\n")
-            self._prune(final)
-        _barrier()
-        return final
+        if not async_save:
+            dcp.save(state, storage_writer=self.writer(tmp), no_dist=not _distributed())
+            if self.rank == 0:
+                self._commit(_InFlight(None, step, consumed_samples, final, tmp))  # type: ignore[arg-type]
+            _barrier()
+            return final
+        from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
+        response = dcp.async_save(state, storage_writer=self.writer(tmp), process_group=self._group(),
+                                  async_stager=self._staging(), no_dist=not _distributed())
+        future = response.upload_completion if isinstance(response, AsyncSaveResponse) else response
+        self._inflight = _InFlight(future, step, consumed_samples, final, tmp)
+        return previous
+
+    def poll(self) -> Path | None:
+        """Without blocking: if the in-flight async save has finished, commit it (rank 0) and return its
+        path on rank 0; else (or on other ranks) None."""
+        if self._inflight is None or not self._inflight.future.done():
+            return None
+        return self.wait()
+
+    def wait(self) -> Path | None:
+        """Block until the in-flight async save is written; commit it. Its path on rank 0, else None."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is None:
+            return None
+        inflight.future.result()  # a failed write raises here, on every rank (DCP broadcasts failures)
+        return self._commit(inflight) if self.rank == 0 else None
+
+    def close(self) -> Path | None:
+        """:meth:`wait`, then release the staging memory; returns what :meth:`wait` returns."""
+        try:
+            return self.wait()
+        finally:
+            if self._stager is not None:
+                self._stager.close()
+                self._stager = None
+
+    def _commit(self, done: _InFlight) -> Path:
+        """Rank 0: meta.json, rename to ``step_N``, then ``latest`` (each step durable before the next)."""
+        meta = CheckpointMeta(version=VERSION, step=done.step, consumed_samples=done.consumed_samples,
+                              world_size=self.world_size, layout=self.layout, fingerprint=self.fingerprint,
+                              project=self.project, model=self.model_name, time=time.time())
+        write_record(done.tmp / "meta.json", meta)
+        fsync_dir(done.tmp)
+        if done.final.exists():  # an earlier save of the same step that `latest` never named
+            trash = self.root / f".trash-{done.final.name}-{os.getpid()}"
+            os.replace(done.final, trash)
+            shutil.rmtree(trash, ignore_errors=True)
+        os.replace(done.tmp, done.final)
+        fsync_dir(self.root)
+        write_atomic(self.root / "latest", done.final.name + "\n")
+        self._prune(done.final)
+        return done.final
+
+    def _group(self) -> Any:
+        """The process group of async saves' background collectives: the one given, else a gloo group of
+        all ranks made at the first async save (every rank saves together, so every rank makes it)."""
+        if self.process_group is not None or not _distributed():
+            return self.process_group
+        if self._async_group is None:
+            import torch.distributed as dist
+
+            self._async_group = dist.new_group(backend="gloo")
+        return self._async_group
+
+    def _staging(self) -> Any:
+        """One stager for the run: its CPU copies (pinned on a GPU) are allocated once and reused."""
+        if self._stager is None:
+            import torch
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            gpu = torch.cuda.is_available()
+            self._stager = DefaultStager(StagingOptions(use_pinned_memory=gpu, use_shared_memory=False,
+                                                        use_async_staging=False, use_non_blocking_copy=gpu))
+        return self._stager
+
+    # -- pruning ---------------------------------------------------------------------------------
     def prune(self) -> None:
         """Apply ``keep_last`` now (rank 0; e.g. once the backups a run waited for are done)."""
         newest = find_latest(self.root)
@@ -187,27 +342,51 @@ class CheckpointManager:
         for t in trash:
             shutil.rmtree(t, ignore_errors=True)
 
-    def load(self, path: Path, model: torch.nn.Module,
-             optimizer: torch.optim.Optimizer) -> tuple[CheckpointMeta, dict[str, Any] | None]:
-        """Load model+optimizer in place; return (meta, this rank's extra state or None if the world size changed)."""
-        import torch
+    # -- loading ---------------------------------------------------------------------------------
+    def same_layout(self, meta: CheckpointMeta) -> bool:
+        """Whether the checkpoint was written by ranks laid out as this run's (then its RNG streams apply)."""
+        return meta.world_size == self.world_size and meta.layout == self.layout
+
+    def load(self, path: Path, state: dict[str, Any]) -> CheckpointMeta:
+        """Load the checkpoint ``path`` into ``state`` in place, resharding to this run's layout. The
+        ``rng`` entry is loaded only at :meth:`same_layout`, else left out (those streams restart)."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        from torch.distributed.checkpoint.api import CheckpointException
 
         meta = read_meta(path)
-        model_sd, optim_sd = get_state_dict(model, optimizer)
-        state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, checkpoint_id=str(path))
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        rank_file = path / f"rank_{self.rank}.pt"
-        extra = None
-        if meta.world_size == self.world_size and rank_file.is_file():
-            extra = torch.load(rank_file, weights_only=True)
-        return meta, extra
+        if meta.fingerprint != self.fingerprint:
+            raise RunDirError(f"{path}: holds model {meta.model!r} of project {meta.project!r}, another "
+                              f"architecture than {self.project!r}/{self.model_name!r}; use another --run-dir, "
+                              "or --no-resume to archive it and start over")
+        check_format(path, meta)
+        if not self.same_layout(meta):
+            state = {k: v for k, v in state.items() if k != "rng"}
+        try:
+            dcp.load(state, checkpoint_id=str(path), no_dist=not _distributed())
+        except (CheckpointException, RuntimeError, ValueError, KeyError) as e:
+            raise RunDirError(f"{path}: cannot be loaded into this model ({_one_line(e)}); resume with the "
+                              "architecture that wrote it, or use --no-resume to archive it or another "
+                              "--run-dir") from None
+        return meta
+
+
+def _one_line(e: BaseException) -> str:
+    """The lowest failing rank's message, on one line (DCP wraps each rank's exception with its traceback)."""
+    failures = getattr(e, "failures", None)
+    if failures:
+        e = failures[min(failures)][0]
+    text = " ".join(str(e).split())
+    return text[:300] + ("…" if len(text) > 300 else "")
+
+
+def _distributed() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
 
 
 def _barrier() -> None:
-    import torch.distributed as dist
+    if _distributed():
+        import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
         dist.barrier()

@@ -75,6 +75,10 @@ class TrainingConfig(StrictModel):
         "storage.checkpoint_bucket in the background while training goes on; the last checkpoint of a run is always backed up. "
         "Unset: only that last one.",
     )
+    async_checkpoint: bool = Field(
+        True, description="Save checkpoints in the background (torch.distributed.checkpoint.async_save): training stalls only "
+        "while the state is staged to CPU memory; the next save waits for the previous one. The last save of a run is synchronous.",
+    )
     keep_last: int = Field(3, ge=1, description="Checkpoints kept; older ones are deleted after a successful save.")
     log_every: int = Field(10, ge=1, description="Log metrics every N steps.")
 

@@ -1,23 +1,48 @@
 """A GPT: pre-norm blocks, causal self-attention through ``scaled_dot_product_attention``,
-GELU or SwiGLU MLP, learned positions, optionally tied input/output embeddings."""
+GELU or SwiGLU MLP, learned positions, optionally tied input/output embeddings.
+
+Built for sharding (:mod:`clustertrain.train.parallel`): q, k, v and the SwiGLU gate/up are
+separate linears, so a column-wise tensor-parallel split divides *heads* (not q from k) and
+attention works on however many heads its shard holds; ``forward`` returns logits and the loss is
+:func:`loss_fn`, outside the model (what loss parallelism and pipeline schedules need). The model
+is meant to be built on the meta device, sharded, materialised (``to_empty``) and then initialised
+with :meth:`GPT.init_weights`, which gives every parameter the same values whatever the layout.
+
+Parameter names (FQNs) are the checkpoint's keys and the planner's tensor list
+(:func:`clustertrain.plan.shape.parameter_tensors`)::
+
+    tok_emb.weight [V,h]   pos_emb.weight [s,h]
+    blocks.{i}.norm1.*  blocks.{i}.attn.{wq,wk,wv,wo}.{weight,bias}
+    blocks.{i}.norm2.*  blocks.{i}.mlp.{w_gate,w_up,w_down}.{weight,bias}   (w_gate: SwiGLU only)
+    norm_f.*  head.weight [V,h] (the same tensor as tok_emb.weight when tied)
+
+Checkpoints of the earlier fused-qkv model (checkpoint format 1) are refused in one line
+(:mod:`clustertrain.train.checkpoint`).
+"""
 
 from __future__ import annotations
 
 import math
+import zlib
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from clustertrain.plan.shape import training_flops_per_token
 from clustertrain.train.config import ArchConfig
+from clustertrain.train.layout import VOCAB_PAD
+
+#: wrapper prefixes torch adds to parameter names (activation checkpointing, torch.compile)
+_WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.")
 
 
 def padded_vocab(arch: ArchConfig, tokenizer_vocab: int) -> int:
     """The model's vocabulary: the configured one, or the tokenizer's rounded up to a multiple of 64."""
     if arch.vocab is not None:
         return arch.vocab
-    return (tokenizer_vocab + 63) // 64 * 64
+    return (tokenizer_vocab + VOCAB_PAD - 1) // VOCAB_PAD * VOCAB_PAD
 
 
 def _norm(arch: ArchConfig) -> nn.Module:
@@ -27,33 +52,41 @@ def _norm(arch: ArchConfig) -> nn.Module:
 class Attention(nn.Module):
     def __init__(self, arch: ArchConfig):
         super().__init__()
-        self.heads = arch.heads
-        self.qkv = nn.Linear(arch.hidden, 3 * arch.hidden)
-        self.proj = nn.Linear(arch.hidden, arch.hidden)
+        self.head_dim = arch.head_dim
+        self.wq = nn.Linear(arch.hidden, arch.hidden)
+        self.wk = nn.Linear(arch.hidden, arch.hidden)
+        self.wv = nn.Linear(arch.hidden, arch.hidden)
+        self.wo = nn.Linear(arch.hidden, arch.hidden)
         self.dropout = arch.dropout
+        self.recompute_core = False  # selective recomputation: keep q/k/v, recompute softmax(qk^T)v in backward
+
+    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
-        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+        b, t, _ = x.shape
+        q, k, v = (w(x).view(b, t, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        if self.recompute_core and torch.is_grad_enabled():
+            y = checkpoint(self._core, q, k, v, use_reentrant=False)
+        else:
+            y = self._core(q, k, v)
+        return self.wo(y.transpose(1, 2).reshape(b, t, -1))
 
 
 class MLP(nn.Module):
     def __init__(self, arch: ArchConfig):
         super().__init__()
-        self.swiglu = arch.mlp == "swiglu"
-        self.up = nn.Linear(arch.hidden, (2 if self.swiglu else 1) * arch.ffn_dim)
-        self.down = nn.Linear(arch.ffn_dim, arch.hidden)
+        if arch.mlp == "swiglu":
+            self.w_gate = nn.Linear(arch.hidden, arch.ffn_dim)
+        self.w_up = nn.Linear(arch.hidden, arch.ffn_dim)
+        self.w_down = nn.Linear(arch.ffn_dim, arch.hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.up(x)
-        if self.swiglu:
-            gate, val = h.chunk(2, dim=-1)
-            h = F.silu(gate) * val
+        if hasattr(self, "w_gate"):
+            h = F.silu(self.w_gate(x)) * self.w_up(x)
         else:
-            h = F.gelu(h, approximate="tanh")
-        return self.down(h)
+            h = F.gelu(self.w_up(x), approximate="tanh")
+        return self.w_down(h)
 
 
 class Block(nn.Module):
@@ -64,56 +97,103 @@ class Block(nn.Module):
         self.norm2 = _norm(arch)
         self.mlp = MLP(arch)
         self.drop = nn.Dropout(arch.dropout)
+        self.recompute = False  # full recomputation: keep only the block's input, redo the block in backward
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.drop(self.attn(self.norm1(x)))
         return x + self.drop(self.mlp(self.norm2(x)))
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.recompute and torch.is_grad_enabled():
+            return checkpoint(self._forward, x, use_reentrant=False)
+        return self._forward(x)
+
 
 class GPT(nn.Module):
-    def __init__(self, arch: ArchConfig, vocab: int):
+    def __init__(self, arch: ArchConfig, vocab: int, seed: int = 0):
         super().__init__()
         self.arch = arch
         self.vocab = vocab
         self.tok_emb = nn.Embedding(vocab, arch.hidden)
         self.pos_emb = nn.Embedding(arch.seq_len, arch.hidden)
         self.drop = nn.Dropout(arch.dropout)
+        self.seq_split = nn.Identity()  # where sequence parallelism splits the residual stream along the sequence
         self.blocks = nn.ModuleList(Block(arch) for _ in range(arch.layers))
         self.norm_f = _norm(arch)
         self.head = nn.Linear(arch.hidden, vocab, bias=False)
         if arch.tie_embeddings:
             self.head.weight = self.tok_emb.weight
-        self.reset_parameters()
+        if self.tok_emb.weight.device.type != "meta":
+            self.init_weights(seed)
+
+    def tie_weights(self) -> None:
+        """Re-tie the output layer to the embedding (after a transformation that replaced parameters)."""
+        if self.arch.tie_embeddings:
+            self.head.weight = self.tok_emb.weight
 
     @torch.no_grad()
-    def reset_parameters(self) -> None:
+    def init_weights(self, seed: int) -> None:
+        """Initialise every parameter from its own generator (seeded by ``seed`` and its name), so a sharded
+        model holds exactly the slices of the unsharded one: the full tensor is drawn on the parameter's
+        device, one tensor at a time, and each rank keeps its shard."""
         std = 0.02
         for name, p in self.named_parameters():
+            name = clean_fqn(name)
             if p.dim() == 1:
-                (nn.init.ones_ if name.endswith("weight") else nn.init.zeros_)(p)
-            elif name.endswith(("proj.weight", "down.weight")):
-                nn.init.normal_(p, std=std / math.sqrt(2 * self.arch.layers))  # GPT-2 residual scaling
-            else:
-                nn.init.normal_(p, std=std)
+                _fill_local(p, 1.0 if name.endswith("weight") else 0.0)
+                continue
+            scale = std / math.sqrt(2 * self.arch.layers) if name.endswith(("wo.weight", "w_down.weight")) else std
+            device = _local(p).device
+            gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+            full = torch.empty(p.shape, dtype=p.dtype, device=device).normal_(0.0, scale, generator=gen)
+            _copy_shard(p, full)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
         t = idx.shape[1]
         pos = torch.arange(t, device=idx.device)
-        x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
+        x = self.seq_split(self.drop(self.tok_emb(idx) + self.pos_emb(pos)))
         for block in self.blocks:
             x = block(x)
-        logits = self.head(self.norm_f(x))
-        if targets is None:
-            return logits
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+        return self.head(self.norm_f(x))
 
     def num_params(self, non_embedding: bool = False) -> int:
-        n = sum(p.numel() for p in self.parameters())  # tied weights counted once
+        """Parameters of the whole (unsharded) model; tied weights counted once."""
+        n = sum(p.numel() for p in self.parameters())
         if non_embedding:
             n -= self.tok_emb.weight.numel() + self.pos_emb.weight.numel()
             if not self.arch.tie_embeddings:
                 n -= self.head.weight.numel()
         return n
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy in fp32 (a DTensor under loss parallelism)."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+def clean_fqn(name: str) -> str:
+    """A parameter name without the prefixes activation-checkpoint and compile wrappers add."""
+    for part in _WRAPPER_PARTS:
+        name = name.replace(part, "")
+    return name
+
+
+def _local(p: torch.Tensor) -> torch.Tensor:
+    return p.to_local() if hasattr(p, "to_local") else p
+
+
+def _fill_local(p: torch.Tensor, value: float) -> None:
+    _local(p).fill_(value)
+
+
+def _copy_shard(p: torch.Tensor, full: torch.Tensor) -> None:
+    if not hasattr(p, "device_mesh"):
+        p.copy_(full)
+        return
+    from torch.distributed.tensor import distribute_tensor
+
+    shard = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local()
+    _local(p).copy_(shard)
 
 
 def flops_per_token(arch: ArchConfig, non_embedding_params: int) -> float:

@@ -1,4 +1,5 @@
-"""AdamW with decay only on matrices, and the learning-rate schedule as a pure function of the step."""
+"""AdamW with decay only on matrices (DTensor shards included), and the learning-rate schedule as a pure
+function of the step."""
 
 from __future__ import annotations
 
@@ -34,5 +35,8 @@ def lr_at(step: int, cfg: TrainingConfig) -> float:
     return cfg.min_lr + (cfg.lr - cfg.min_lr) * factor
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainingConfig) -> torch.optim.lr_scheduler.LambdaLR:
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_at(step, cfg) / cfg.lr)
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """The learning rate of every parameter group for the coming step: a pure function of the step
+    (:func:`lr_at`), so nothing about the schedule needs saving and any layout resumes it exactly."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr

@@ -1,33 +1,37 @@
-"""The training loop of one rank: DDP over torch.distributed, grad accumulation, clipping,
-schedules, checkpoints, metrics and graceful stop. Started by :func:`clustertrain.train.entry.main`."""
+"""The training loop of one rank: the layout's parallel model (:mod:`clustertrain.train.parallel`),
+grad accumulation, clipping, the learning-rate schedule, checkpoints (sync or async), metrics and a
+graceful stop. Started by :func:`clustertrain.train.entry.main`. The loop does not know which
+parallelisms are on: it asks the :class:`~clustertrain.train.parallel.ParallelModel` for a
+micro-batch's forward/backward and the gradient norm."""
 
 from __future__ import annotations
 
 import os
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from clustertrain.data import GPTSamples, load_tokenizer, read_manifest
 from clustertrain.data.vocab import check_vocab
 from clustertrain.errors import ConfigError, DataError, RunDirError
-from clustertrain.project import ModelEntry, Project, architecture_fingerprint
 from clustertrain.layout import storage_layout
+from clustertrain.project import ModelEntry, Project, architecture_fingerprint
 from clustertrain.rundir import RunPaths
 from clustertrain.runstate import RunStatus, mark_started, read_run_info, write_status_record
 from clustertrain.states import State
 from clustertrain.train.backup import CheckpointBackup, is_due
-from clustertrain.train.checkpoint import CheckpointManager, check_ownership, clean_stale, find_latest
+from clustertrain.train.checkpoint import CheckpointManager, check_ownership, clean_stale, find_latest, read_meta
 from clustertrain.train.distributed import RankEnv
+from clustertrain.train.layout import LayoutError, ParallelLayout, resolve_layout
 from clustertrain.train.metrics import MetricsWriter, peak_flops_for
-from clustertrain.train.model import GPT, flops_per_token, padded_vocab
-from clustertrain.train.optim import build_optimizer, build_scheduler
+from clustertrain.train.model import flops_per_token, padded_vocab
+from clustertrain.train.optim import build_optimizer, lr_at, set_lr
+from clustertrain.train.parallel import build_parallel_model
 from clustertrain.train.signals import StopRequest
+from clustertrain.train.state import TrainState, app_state
 
 
 @dataclass
@@ -44,89 +48,96 @@ def log(rank: int, msg: str) -> None:
         print(f"[clustertrain] {msg}", flush=True)
 
 
+def layout_for(project: Project, entry: ModelEntry, world_size: int, on_gpu: bool) -> ParallelLayout:
+    """``entry``'s layout on ``world_size`` ranks (a ConfigError line naming the field when impossible)."""
+    try:
+        return resolve_layout(entry.parallelism, world_size, on_gpu, min(project.cluster.ranks_per_node, world_size))
+    except LayoutError as e:
+        raise ConfigError(f"models.{entry.name}.{e.field}: {e.message}") from None
+
+
 class Trainer:
     def __init__(self, project: Project, entry: ModelEntry, paths: RunPaths, env: RankEnv, device: torch.device,
                  resume: bool = True, fail_at_step: int | None = None, backup: CheckpointBackup | None = None):
-        self.fail_at_step = fail_at_step
-        self.backup = backup
         self.project, self.entry, self.paths, self.env, self.device = project, entry, paths, env, device
-        cfg = entry.training
-        self.cfg = cfg
-        self.dp = env.world_size
-        self.accum = cfg.global_batch // (cfg.micro_batch * self.dp)
-        if self.accum * cfg.micro_batch * self.dp != cfg.global_batch:
+        self.cfg = cfg = entry.training
+        self.fail_at_step, self.backup = fail_at_step, backup
+        self.layout = layout_for(project, entry, env.world_size, device.type == "cuda")
+        self.dp_rank = self.layout.dp_rank(env.rank)
+        self.accum = cfg.global_batch // (cfg.micro_batch * self.layout.dp)
+        if self.accum * cfg.micro_batch * self.layout.dp != cfg.global_batch:
             raise DataError(
-                f"training.global_batch ({cfg.global_batch}) is not a multiple of micro_batch x world size "
-                f"({cfg.micro_batch} x {self.dp}); change global_batch or micro_batch"
+                f"training.global_batch ({cfg.global_batch}) is not a multiple of micro_batch x dp "
+                f"({cfg.micro_batch} x {self.layout.dp}); change global_batch or micro_batch"
             )
-        run = read_run_info(paths)
-        if run is None:
-            raise RunDirError(f"{paths.run_json}: missing; start runs with `clustertrain run`/`submit`, which write it")
-        if not Path(run.dataset + ".idx").is_file():
-            raise DataError(f"{run.dataset}: prepared dataset is missing; re-run `clustertrain run` to prepare it")
-        self.tokenizer_vocab = dataset_vocab(run.dataset, entry)
-        problem = check_vocab(entry, self.tokenizer_vocab)
-        if problem:
-            raise ConfigError(problem)
-        self.samples = GPTSamples(run.dataset, entry.model.seq_len, cfg.seed, split=entry.data.split)
-
-        torch.manual_seed(cfg.seed)
-        model = GPT(entry.model, padded_vocab(entry.model, self.tokenizer_vocab)).to(device)
-        self.flops_per_token = flops_per_token(entry.model, model.num_params(non_embedding=True))
-        self.raw_model = model
-        ddp_kwargs = {"device_ids": [device.index]} if device.type == "cuda" else {}
-        self.model = DDP(model, **ddp_kwargs) if dist.is_initialized() else model
-        self.optimizer = build_optimizer(model, cfg)
-        self.scheduler = build_scheduler(self.optimizer, cfg)
-        torch.manual_seed(cfg.seed + 1 + env.rank)  # per-rank dropout stream
-        use_bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and device.type == "cuda")
-        self.autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if use_bf16 else nullcontext
+        self.samples = self._open_data()
+        vocab = padded_vocab(entry.model, self.tokenizer_vocab)
+        self.pm = build_parallel_model(entry.model, vocab, self.layout, device, seed=cfg.seed)
+        self.model = self.pm.model
+        self.flops_per_token = flops_per_token(entry.model, self.model.num_params(non_embedding=True))
+        self.optimizer = build_optimizer(self.model, cfg)
+        # dropout streams per data-parallel rank: the ranks of a tensor-parallel group draw the same masks
+        torch.manual_seed(cfg.seed + 1 + self.dp_rank)
+        self.train_state = TrainState()
         # The stop flag travels on its own CPU (gloo) group, asynchronously: each step boundary starts an
         # all-reduce of this rank's flag and reads the one started a step earlier (long finished by then).
         # Ranks therefore agree without a per-step synchronisation point, at the cost of one step of delay.
+        # (Async checkpoint saves run their background collectives on a gloo group of their own.)
         self.ctrl = dist.new_group(backend="gloo") if dist.is_initialized() else None
         self._stop_flag: torch.Tensor | None = None
         self._stop_work = None
         self.ckpt = CheckpointManager(
             paths.checkpoints, cfg.keep_last, architecture_fingerprint(project, entry), project.name, entry.name,
-            env.rank, env.world_size, protected=backup.protected if backup is not None else None,
+            env.rank, env.world_size, layout=self.layout.to_dict(),
+            protected=backup.protected if backup is not None else None,
         )
-        self.step = 0
         if env.rank == 0:
             mark_started(paths)  # not completed until this run of the ranks says so (clustertrain.runstate)
             clean_stale(paths.checkpoints)
         if resume:
             self._resume()
         self.metrics = (
-            MetricsWriter(paths.metrics, storage_layout(project).tensorboard_dir(entry.name) or paths.tensorboard, self.step) if env.rank == 0 else None
+            MetricsWriter(paths.metrics, storage_layout(project).tensorboard_dir(entry.name) or paths.tensorboard, self.step)
+            if env.rank == 0 else None
         )
         peak = peak_flops_for(torch.cuda.get_device_name(device) if device.type == "cuda" else None)
         self.peak_total = peak * env.world_size if peak else None
 
+    @property
+    def step(self) -> int:
+        return self.train_state.step
+
+    def _open_data(self) -> GPTSamples:
+        run = read_run_info(self.paths)
+        if run is None:
+            raise RunDirError(f"{self.paths.run_json}: missing; start runs with `clustertrain run`/`submit`, which write it")
+        if not Path(run.dataset + ".idx").is_file():
+            raise DataError(f"{run.dataset}: prepared dataset is missing; re-run `clustertrain run` to prepare it")
+        self.tokenizer_vocab = dataset_vocab(run.dataset, self.entry)
+        problem = check_vocab(self.entry, self.tokenizer_vocab)
+        if problem:
+            raise ConfigError(problem)
+        return GPTSamples(run.dataset, self.entry.model.seq_len, self.cfg.seed, split=self.entry.data.split)
+
     def _resume(self) -> None:
-        """Continue from the latest complete checkpoint, if there is one (model, optimizer, scheduler, RNG, step)."""
+        """Continue from the latest complete checkpoint, if there is one, in whatever layout it was written
+        (DCP reshards): parameters, optimizer moments, step and data position exactly; the per-rank RNG
+        streams only when the layout is unchanged (otherwise they restart from the seed and the step)."""
         check_ownership(self.paths.checkpoints, self.ckpt.fingerprint, self.project.name, self.entry.name)
         latest = find_latest(self.paths.checkpoints)
         if latest is None:
             return
-        meta, extra = self.ckpt.load(latest, self.raw_model, self.optimizer)
-        self.step = meta.step
-        if extra is not None:
-            torch.set_rng_state(extra["rng_cpu"])
-            if self.device.type == "cuda" and extra.get("rng_cuda") is not None:
-                torch.cuda.set_rng_state(extra["rng_cuda"], self.device)
-            self.scheduler.load_state_dict(extra["scheduler"])
-        else:
-            self.scheduler.last_epoch = self.step
-            self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
-            log(self.env.rank, f"world size changed since the checkpoint ({meta.world_size} -> "
-                               f"{self.env.world_size}): RNG streams restart")
+        same_layout = read_meta(latest).layout == self.layout.to_dict()
+        self.ckpt.load(latest, app_state(self.model, self.optimizer, self.train_state, rng=same_layout))
+        if not same_layout:
+            torch.manual_seed(self.cfg.seed + 1 + self.dp_rank + 1_000_003 * self.step)
+            log(self.env.rank, f"checkpoint layout differs from {self.layout.describe()}: resharded; RNG streams restart")
         log(self.env.rank, f"resumed from {latest} (step {self.step})")
 
     # ------------------------------------------------------------------
     def _batch(self, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.cfg
-        start = self.step * cfg.global_batch + (self.env.rank * self.accum + micro) * cfg.micro_batch
+        start = self.step * cfg.global_batch + (self.dp_rank * self.accum + micro) * cfg.micro_batch
         data = torch.from_numpy(self.samples.batch(start, cfg.micro_batch))
         if self.device.type == "cuda":
             data = data.pin_memory().to(self.device, non_blocking=True)
@@ -136,16 +147,10 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device)
         for micro in range(self.accum):
             x, y = self._batch(micro)
-            sync = micro == self.accum - 1 or not isinstance(self.model, DDP)
-            with nullcontext() if sync else self.model.no_sync():  # all-reduce gradients on the last micro-step only
-                with self.autocast():
-                    loss = self.model(x, y) / self.accum
-                loss.backward()
-            loss_sum += loss.detach()
-        max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), max_norm)
+            loss_sum += self.pm.forward_backward(x, y, 1.0 / self.accum, sync=micro == self.accum - 1)
+        grad_norm = self.pm.clip_grad_norm_(self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf"))
+        set_lr(self.optimizer, lr_at(self.step, self.cfg))
         self.optimizer.step()
-        self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return loss_sum, grad_norm
 
@@ -165,66 +170,85 @@ class Trainer:
         self._stop_work = None
         return bool(self._stop_flag.item())
 
-    def _save(self) -> Path:
-        extra = {
-            "rng_cpu": torch.get_rng_state(),
-            "rng_cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
-            "scheduler": self.scheduler.state_dict(),
+    def _save(self, final: bool) -> None:
+        """Save at this step: asynchronously unless it is the run's last save (then wait, so it is committed)."""
+        self.train_state.consumed_samples = self.step * self.cfg.global_batch
+        state = app_state(self.model, self.optimizer, self.train_state)
+        committed = self.ckpt.save(self.step, self.train_state.consumed_samples, state,
+                                   async_save=self.cfg.async_checkpoint and not final)
+        self._committed(committed)
+        if final:
+            self._committed(self.ckpt.wait())
+
+    def _committed(self, path: Path | None) -> None:
+        """A checkpoint that is now complete (rank 0): log it and hand it to the backup when due."""
+        if path is None:
+            return
+        self.saved = path
+        log(self.env.rank, f"saved checkpoint {path}")
+        step = read_meta(path).step
+        if self.backup is not None and (step == self.cfg.max_steps or self._stopping or is_due(self.entry, step)):
+            self.backup.submit(path)
+
+    def _log_row(self, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float, step_time: float) -> None:
+        if dist.is_initialized():
+            dist.all_reduce(loss, op=dist.ReduceOp.SUM)
+            loss /= self.env.world_size  # every rank of a tensor-parallel group holds its dp rank's loss
+        tps = self.cfg.global_batch * self.entry.model.seq_len / step_time
+        row = {
+            "step": self.step, "loss": round(float(loss), 6), "lr": lr, "grad_norm": round(float(grad_norm), 6),
+            "tokens_per_s": round(tps, 1), "step_time_s": round(step_time, 5),
+            "mfu": round(self.flops_per_token * tps / self.peak_total, 4) if self.peak_total else None,
+            "tokens": self.step * self.cfg.global_batch * self.entry.model.seq_len, "time": time.time(),
         }
-        return self.ckpt.save(self.step, self.step * self.cfg.global_batch, self.raw_model, self.optimizer, extra)
+        if self.device.type == "cuda":  # for checking the planner's per-rank memory against real runs
+            row["mem_allocated_gib"] = round(torch.cuda.max_memory_allocated(self.device) / 2**30, 3)
+            row["mem_reserved_gib"] = round(torch.cuda.max_memory_reserved(self.device) / 2**30, 3)
+        if self.metrics:
+            self.metrics.write(row)
+        log(self.env.rank, f"step {self.step}/{self.cfg.max_steps} loss {row['loss']:.4f} lr {lr:.2e} "
+                           f"grad_norm {row['grad_norm']:.3f} {tps:,.0f} tok/s")
 
     def fit(self, stop: StopRequest) -> Outcome:
         cfg, rank = self.cfg, self.env.rank
-        tokens_per_step = cfg.global_batch * self.entry.model.seq_len
-        log(rank, f"model {self.entry.name}: {self.raw_model.num_params():,} parameters, {self.env.world_size} rank(s), "
-                  f"grad accumulation {self.accum}, device {self.device.type}, steps {self.step}->{cfg.max_steps}")
-        saved: Path | None = None
+        log(rank, f"model {self.entry.name}: {self.model.num_params():,} parameters, {self.env.world_size} rank(s) "
+                  f"({self.layout.describe()}), grad accumulation {self.accum}, device {self.device.type}, "
+                  f"steps {self.step}->{cfg.max_steps}")
+        self.saved: Path | None = None
+        self._stopping = False
         interval_time, interval_steps = 0.0, 0
-        self.model.train()
+        self.pm.train()
         try:
             while self.step < cfg.max_steps:
                 t0 = time.perf_counter()
                 if self.fail_at_step is not None and self.step + 1 >= self.fail_at_step:
                     raise RuntimeError(f"injected failure at step {self.step + 1} (CLUSTERTRAIN_INJECT_FAILURE)")
-                lr = self.scheduler.get_last_lr()[0]
+                lr = lr_at(self.step, cfg)
                 loss, grad_norm = self._train_step()
-                self.step += 1
+                self.train_state.step += 1
                 if self.device.type == "cuda" and (self.step % cfg.log_every == 0):
                     torch.cuda.synchronize(self.device)
                 interval_time += time.perf_counter() - t0
                 interval_steps += 1
                 if self.step % cfg.log_every == 0 or self.step in (1, cfg.max_steps):
-                    if dist.is_initialized():
-                        dist.all_reduce(loss, op=dist.ReduceOp.SUM)
-                        loss /= self.env.world_size
-                    step_time = interval_time / interval_steps
-                    tps = tokens_per_step / step_time
-                    row = {
-                        "step": self.step, "loss": round(float(loss), 6), "lr": lr, "grad_norm": round(float(grad_norm), 6),
-                        "tokens_per_s": round(tps, 1), "step_time_s": round(step_time, 5),
-                        "mfu": round(self.flops_per_token * tps / self.peak_total, 4) if self.peak_total else None,
-                        "tokens": self.step * tokens_per_step, "time": time.time(),
-                    }
-                    if self.metrics:
-                        self.metrics.write(row)
-                    log(rank, f"step {self.step}/{cfg.max_steps} loss {row['loss']:.4f} lr {lr:.2e} "
-                              f"grad_norm {row['grad_norm']:.3f} {tps:,.0f} tok/s")
+                    self._log_row(loss, grad_norm, lr, interval_time / interval_steps)
                     interval_time, interval_steps = 0.0, 0
-                stopping = self._agree_stop(stop)
-                if stopping or self.step % cfg.checkpoint_every == 0 or self.step == cfg.max_steps:
-                    saved = self._save()
-                    log(rank, f"saved checkpoint {saved}")
-                    if self.backup is not None and (stopping or self.step == cfg.max_steps or is_due(self.entry, self.step)):
-                        self.backup.submit(saved)
-                if stopping and self.step < cfg.max_steps:  # at max_steps the run has completed, signal or not
+                self._committed(self.ckpt.poll())
+                self._stopping = self._agree_stop(stop)
+                final = self._stopping or self.step == cfg.max_steps
+                if final or self.step % cfg.checkpoint_every == 0:
+                    self._save(final)
+                if self._stopping and self.step < cfg.max_steps:  # at max_steps the run has completed, signal or not
                     self._finish_stop_check()
                     log(rank, f"stopped by {stop.signal_name or 'a peer rank'} after step {self.step}; "
-                              f"checkpoint saved to {saved}; re-run the same command to resume")
-                    return Outcome(State.STOPPED, self.step, saved, stop.signal_name)
+                              f"checkpoint saved to {self.saved}; re-run the same command to resume")
+                    return Outcome(State.STOPPED, self.step, self.saved, stop.signal_name)
         finally:
             if self.metrics:
                 self.metrics.close()
         self._finish_stop_check()  # every rank has one check in flight: settle it before the group goes away
+        self._committed(self.ckpt.wait())
+        saved = self.saved
         if saved is None:
             saved = find_latest(self.paths.checkpoints)
             if saved is not None and self.backup is not None:  # resumed at max_steps: make sure the last one is copied

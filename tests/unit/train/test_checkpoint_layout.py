@@ -14,7 +14,8 @@ def make_ckpt(root, step, complete=True, fingerprint="abc"):
     d.mkdir(parents=True)
     if complete:
         (d / ".metadata").write_bytes(b"x")
-        (d / "meta.json").write_text(json.dumps({"step": step, "fingerprint": fingerprint, "project": "p", "model": "m"}))
+        (d / "meta.json").write_text(json.dumps({"version": 2, "step": step, "fingerprint": fingerprint,
+                                                        "project": "p", "model": "m"}))
     return d
 
 

@@ -4,7 +4,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from clustertrain.train.config import ArchConfig, TrainingConfig
-from clustertrain.train.model import GPT, flops_per_token, padded_vocab
+from clustertrain.train.model import GPT, flops_per_token, loss_fn, padded_vocab
 from clustertrain.train.optim import build_optimizer, lr_at
 
 
@@ -14,10 +14,10 @@ def test_gpt_shapes_params_and_tied_embeddings():
     assert model.vocab == 320
     x = torch.randint(0, 258, (3, 16))
     assert model(x).shape == (3, 16, 320)
-    loss = model(x, x)
+    loss = loss_fn(model(x), x)
     assert 5.0 < loss.item() < 7.0  # ~ln(320) at init
     assert model.head.weight is model.tok_emb.weight
-    per_layer = 2 * 32 + (32 * 96 + 96) + (32 * 32 + 32) + 2 * 32 + (32 * 128 + 128) + (128 * 32 + 32)
+    per_layer = 2 * 32 + 3 * (32 * 32 + 32) + (32 * 32 + 32) + 2 * 32 + (32 * 128 + 128) + (128 * 32 + 32)
     assert model.num_params(non_embedding=True) == 2 * per_layer + 2 * 32
     assert model.num_params() == model.num_params(non_embedding=True) + 320 * 32 + 16 * 32
 
@@ -44,7 +44,7 @@ def test_flops_per_token_matches_what_torch_counts(seq_len):
     n = sum(p.numel() for name, p in model.named_parameters() if not name.startswith(("tok_emb.", "pos_emb.")))
     x = torch.randint(0, vocab, (1, seq_len))
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
-        model(x, x).backward()
+        loss_fn(model(x), x).backward()
     counts = counter.get_flop_counts()
     total = sum(counts["Global"].values())
     attention = counts["Global"][torch.ops.aten.bmm]
@@ -53,6 +53,34 @@ def test_flops_per_token_matches_what_torch_counts(seq_len):
     assert attention > 0 and head > 0  # the counter saw the attention kernel and the output projection
     assert flops_per_token(arch, 0) * seq_len == attention / 2
     assert (flops_per_token(arch, n) - flops_per_token(arch, 0)) * seq_len == pytest.approx(matmuls, rel=0.01)
+
+
+def test_init_is_per_parameter_and_independent_of_construction_order():
+    """Each parameter's values come from its own name and the seed, not from a global RNG stream: a model
+    built on the meta device and initialised later equals one built directly, whatever ran in between."""
+    arch = ArchConfig(layers=2, hidden=32, heads=4, seq_len=16, mlp="swiglu", tie_embeddings=False)
+    direct = GPT(arch, 64, seed=3)
+    with torch.device("meta"):
+        late = GPT(arch, 64)
+    late.to_empty(device="cpu")
+    torch.rand(1000)  # consume the global stream: must not matter
+    late.init_weights(3)
+    for (name, a), (_, b) in zip(direct.named_parameters(), late.named_parameters()):
+        assert torch.equal(a, b), name
+    other = GPT(arch, 64, seed=4)
+    assert not torch.equal(other.blocks[0].attn.wq.weight, direct.blocks[0].attn.wq.weight)
+    assert direct.blocks[0].attn.wo.weight.std() < direct.blocks[0].attn.wq.weight.std()  # residual scaling
+
+
+def test_separate_projections_split_by_heads():
+    """q, k, v are separate linears: the first half of wq's rows (what tp=2 rank 0 holds) are heads 0..h/2-1."""
+    arch = ArchConfig(layers=1, hidden=32, heads=4, seq_len=8)
+    attn = GPT(arch, 64).blocks[0].attn
+    assert [n for n, _ in attn.named_parameters()] == [f"{w}.{k}" for w in ("wq", "wk", "wv", "wo") for k in ("weight", "bias")]
+    x = torch.randn(1, 8, 32)
+    q = attn.wq(x).view(1, 8, -1, attn.head_dim)
+    half = torch.nn.functional.linear(x, attn.wq.weight[:16], attn.wq.bias[:16]).view(1, 8, -1, attn.head_dim)
+    assert torch.allclose(q[:, :, :2], half)
 
 
 def test_lr_schedule_warmup_cosine_linear_constant():

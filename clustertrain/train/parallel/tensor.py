@@ -1,0 +1,54 @@
+"""Tensor (and sequence) parallelism with DTensor's ``parallelize_module`` (Megatron-LM's split).
+
+Per block: q, k, v and the MLP's gate/up column-wise (each rank holds ``heads / tp`` heads and
+``ffn / tp`` MLP columns), the attention output and MLP down projection row-wise (one all-reduce —
+or, with sequence parallelism, one reduce-scatter — per sub-layer). The token embedding is split by
+vocabulary rows, the output layer by vocabulary columns, and its logits stay sharded into the loss
+(loss parallelism: the ``V``-wide logits are never gathered). Norms, dropout and the residual stream
+are replicated, or, with ``sequence_parallel``, split along the sequence (``GPT.seq_split`` is where
+the embeddings' output is split; norms run on their sequence shard).
+"""
+
+from __future__ import annotations
+
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from clustertrain.train.model import GPT
+
+
+def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
+    """Shard ``model`` (on the meta device or materialised) over ``tp_mesh``; logits stay vocabulary-sharded."""
+    seq = Shard(1) if sequence_parallel else Replicate()
+    top = {
+        "tok_emb": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+        "head": ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False),
+    }
+    if sequence_parallel:
+        top["seq_split"] = PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),),
+                                              use_local_output=True)
+        top["norm_f"] = SequenceParallel()
+    parallelize_module(model, tp_mesh, top)
+    for block in model.blocks:
+        plan = {
+            "attn.wq": ColwiseParallel(), "attn.wk": ColwiseParallel(), "attn.wv": ColwiseParallel(),
+            "attn.wo": RowwiseParallel(output_layouts=seq),
+            "mlp.w_up": ColwiseParallel(), "mlp.w_down": RowwiseParallel(output_layouts=seq),
+        }
+        if hasattr(block.mlp, "w_gate"):
+            plan["mlp.w_gate"] = ColwiseParallel()
+        if sequence_parallel:
+            plan |= {
+                "norm1": SequenceParallel(), "norm2": SequenceParallel(),
+                "attn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+                "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            }
+        parallelize_module(block, tp_mesh, plan)
+    model.tie_weights()  # both sides are Shard(0) over tp: the tied tensor is one DTensor again

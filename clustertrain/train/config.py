@@ -171,6 +171,9 @@ class ParallelismConfig(StrictModel):
                              "tensor-parallel (DTensor) parameters")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("sequence_parallel needs tp > 1; set parallelism.tp or drop sequence_parallel")
+        if self.compile and self.recompute == "selective" and self.tp > 1:
+            raise ValueError("compile with recompute: selective and tp > 1 fails in torch 2.13 (a tensor-parallel DTensor saved "
+                             "by the attention checkpoint inside a compiled block); use recompute: full, or compile: false")
         if self.reduce_dtype == "bf16" and self.zero_stage == 0:
             raise ValueError("reduce_dtype bf16 needs zero_stage: 3 (DDP reduces fp32 gradients)")
         return self

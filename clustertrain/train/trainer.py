@@ -30,6 +30,7 @@ from clustertrain.train.metrics import MetricsWriter, peak_flops_for
 from clustertrain.train.model import flops_per_token, padded_vocab
 from clustertrain.train.optim import build_optimizer, lr_at, set_lr
 from clustertrain.train.parallel import build_parallel_model
+from clustertrain.train.parallel.compile import check_compiler
 from clustertrain.train.signals import StopRequest
 from clustertrain.train.state import TrainState, app_state
 
@@ -72,6 +73,8 @@ class Trainer:
             )
         self.samples = self._open_data()
         vocab = padded_vocab(entry.model, self.tokenizer_vocab)
+        if self.layout.compile:
+            check_compiler(device, f"models.{entry.name}.parallelism.compile")
         self.pm = build_parallel_model(entry.model, vocab, self.layout, device, seed=cfg.seed)
         self.model = self.pm.model
         self.flops_per_token = flops_per_token(entry.model, self.model.num_params(non_embedding=True))

@@ -69,6 +69,7 @@ def test_overrides_by_index_and_name_are_type_checked(tmp_path):
         ("models.0.parallelism.zero_stage=1", r"zero_stage 1 is not offered.*use zero_stage: 3"),
         ("models.0.training.precision=bf16", r"precision moved to models\[\]\.parallelism\.param_dtype"),
         ("models.0.parallelism.sequence_parallel=true", r"sequence_parallel needs tp > 1"),
+        ("models.0.parallelism={zero_stage: 3, tp: 2, compile: true, recompute: selective}", r"compile with recompute: selective and tp > 1"),
         ("models.0.training.global_batch=6", r"global_batch \(6\) must be a multiple of micro_batch x dp \(2 x 2 = 4\)"),
         ("cluster.nodes=2", r"local backend runs on one node"),
         ("cluster.colour=red", r"cluster\.colour: unknown key; valid keys here: backend, nodes"),

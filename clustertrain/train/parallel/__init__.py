@@ -70,13 +70,12 @@ def build_mesh(layout: ParallelLayout, device: torch.device):
 def build_parallel_model(arch: ArchConfig, vocab: int, layout: ParallelLayout, device: torch.device,
                          seed: int) -> ParallelModel:
     """The GPT of ``arch`` sharded by ``layout`` on ``device``; never materialised whole on one rank
-    under FSDP/TP (built on the meta device, each rank initialises only its shards)."""
-    from clustertrain.train.parallel.compile import apply_compile, check_compiler
+    under FSDP/TP (built on the meta device, each rank initialises only its shards). With
+    ``layout.compile``, call :func:`~clustertrain.train.parallel.compile.check_compiler` first."""
+    from clustertrain.train.parallel.compile import apply_compile
     from clustertrain.train.parallel.recompute import apply_recompute
 
     mesh = build_mesh(layout, device)
-    if layout.compile:
-        check_compiler(device)
     with torch.device("meta"):
         model = GPT(arch, vocab)
     if layout.tp > 1:

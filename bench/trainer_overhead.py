@@ -45,7 +45,7 @@ def bare_rank(args: argparse.Namespace) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from clustertrain.train.config import ArchConfig
-    from clustertrain.train.model import GPT
+    from clustertrain.train.model import GPT, loss_fn
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
@@ -59,7 +59,7 @@ def bare_rank(args: argparse.Namespace) -> None:
     times = []
     for step in range(args.steps):
         batch = tokens[step]
-        loss = model(batch[:, :-1], batch[:, 1:])
+        loss = loss_fn(model(batch[:, :-1]), batch[:, 1:])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # the same algorithm as the project's grad_clip
         opt.step()

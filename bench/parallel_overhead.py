@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from clustertrain.launch.local_ranks import free_port  # noqa: E402  (after the sys.path line)
 
 LAYOUTS = {
     "ddp": {"zero_stage": 0},
@@ -103,12 +104,6 @@ def rank_main(args: argparse.Namespace) -> None:
                           "batch": f"micro_batch {cfg.micro_batch}, global_batch {cfg.global_batch}"}), flush=True)
     dist.barrier()
     dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main() -> None:

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from clustertrain.launch.local_ranks import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -116,16 +117,10 @@ def worker(out: Path) -> None:
 
 
 # -- the test's side ------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def result(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("layouts")
-    port, world = _free_port(), 4
+    port, world = free_port(), 4
     procs = []
     for rank in range(world):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",

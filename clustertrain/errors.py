@@ -28,3 +28,7 @@ class StorageError(ClusterTrainError):
 
 class LaunchError(ClusterTrainError):
     """A job cannot be launched or tracked as asked."""
+
+
+class ImageError(ClusterTrainError):
+    """The training image cannot be rendered, built or checked as asked (bad pin, missing tool, existing image...)."""

@@ -15,6 +15,10 @@ outputs         ``storage.outputs``   validation suites and storage benchmarks
                                       ``<outputs>/<project>/validation/<time>/``
 ==============  ====================  ==============================================================
 
+Beside them, with an ``image:`` section, the training images: ``<images>/<name>-<tag>.sqsh``, where
+``images`` is ``image.dir`` or ``images/`` beside the datasets directory (the file system that holds
+datasets: read-mostly data every node loads at job start).
+
 A base is the field when it is set; otherwise, in a project with an ``aws:`` section, the mount
 directory of the shared file system whose ``holds`` names the kind (``aws.fsx[].holds``; kinds no
 file system names go to the first one, see :meth:`AwsConfig.layout`); otherwise derived from
@@ -61,6 +65,8 @@ class StorageLayout:
     outputs: Path
     origin: dict[str, str]        # kind -> the field the base came from (storage.runs, aws.fsx[1].holds, storage.root)
     mounts: tuple[str, ...] = ()  # shared mounts of the aws: section (empty without one)
+    images: Path | None = None    # Enroot images (.sqsh) of the image: section; None without one
+    images_origin: str = "image.dir"
 
     def run_dir(self, model: str) -> Path:
         return self.runs / self.project / model
@@ -119,9 +125,14 @@ def storage_layout(project: "Project") -> StorageLayout:
             bases[kind] = root / "datasets" if kind == "datasets" else root
             origin[kind] = "storage.root"
     mounts = tuple(shared_mounts(project))
+    image = getattr(project, "image", None)
+    images, images_origin = None, "image.dir"
+    if image is not None:
+        images = Path(image.dir) if image.dir is not None else bases["datasets"].parent / "images"  # type: ignore[union-attr]
+        images_origin = "image.dir" if image.dir is not None else origin["datasets"]
     return StorageLayout(project=project.name, datasets=bases["datasets"], runs=bases["checkpoints"],  # type: ignore[arg-type]
                          logs=bases["logs"], tensorboard=bases["tensorboard"], outputs=bases["outputs"],  # type: ignore[arg-type]
-                         origin=origin, mounts=mounts)
+                         origin=origin, mounts=mounts, images=images, images_origin=images_origin)
 
 
 def shared_mounts(project: "Project") -> list[str]:
@@ -162,6 +173,10 @@ def off_mount_problems(project: "Project", extra: dict[str, str | Path | None] |
                    if field == "storage.root" else f"set {field} to a directory on one of them")
             out.append((field, f"{base} ({kind}) is not on a shared file system of the aws: section "
                                f"(mounts: {shown}); {fix}"))
+    if layout.images is not None and mount_of(layout.images, mounts) is None and layout.images_origin not in seen:
+        fix = "set image.dir to a directory on one of them"
+        out.append(("image.dir", f"{layout.images} (training images) is not on a shared file system of the aws: section "
+                                 f"(mounts: {shown}); {fix}"))
     for field, path in (extra or {}).items():
         if path is not None and mount_of(path, mounts) is None:
             out.append((field, f"{path} is not on a shared file system of the aws: section (mounts: {shown}); "
@@ -173,7 +188,7 @@ def project_dirs(project: "Project") -> list[str]:
     """Every directory the project's jobs write into, each with its parents below the file system's mount,
     parents first: what ``setup-dirs.sh`` creates (so each gets the owner and mode, not just the leaves)."""
     layout = storage_layout(project)
-    leaves: list[Path] = [layout.datasets, layout.validation_dir()]
+    leaves: list[Path] = [layout.datasets, layout.validation_dir()] + ([layout.images] if layout.images else [])
     for m in project.models:
         leaves += [layout.run_dir(m.name), layout.log_dir(m.name)]
         tb = layout.tensorboard_dir(m.name)

@@ -15,6 +15,7 @@ section                    model (module)
 ``models[].plan``, ``plan``  ``ModelPlanConfig``, ``PlanConfig`` (:mod:`clustertrain.plan.config`)
 ``launch``                 ``LaunchConfig`` (:mod:`clustertrain.launch.config`)
 ``aws``                    ``AwsConfig`` (:mod:`clustertrain.cloud.config`)
+``image``                  ``ImageConfig`` (:mod:`clustertrain.image.config`)
 =========================  ==========================================
 
 Those section modules import only :mod:`clustertrain.schema` (never this module), so there is no cycle.
@@ -42,6 +43,7 @@ from pydantic import Field, field_validator, model_validator
 from clustertrain.cloud.config import AwsConfig
 from clustertrain.data.config import DataConfig
 from clustertrain.errors import ConfigError
+from clustertrain.image.config import ImageConfig
 from clustertrain.launch.config import LaunchConfig
 from clustertrain.plan.config import ModelPlanConfig, PlanConfig
 from clustertrain.schema import StrictModel, read_yaml, validate_model
@@ -211,6 +213,10 @@ class Project(StrictModel):
     plan: PlanConfig = Field(default_factory=PlanConfig, description="Planner settings (clustertrain plan).")
     launch: LaunchConfig = Field(default_factory=LaunchConfig, description="How Slurm jobs are submitted (clustertrain submit).")
     aws: AwsConfig | None = Field(None, description="AWS ParallelCluster and infrastructure settings (clustertrain cluster ...).")
+    image: ImageConfig | None = Field(
+        None, description="The training image (clustertrain image render / build / check). With it and no "
+        "`cluster.container_image`, every rank runs in the image `image build` writes.",
+    )
 
     @field_validator("name")
     @classmethod
@@ -259,6 +265,18 @@ class Project(StrictModel):
         return self
 
     # ----- helpers used by several stages -----
+    @property
+    def container_image(self) -> str | None:
+        """The image every rank runs in (Pyxis ``--container-image``): ``cluster.container_image``; else, with an
+        ``image:`` section, the ``.sqsh`` that ``clustertrain image build`` writes; else None (the host's interpreter)."""
+        if self.cluster.container_image:
+            return self.cluster.container_image
+        if self.image is not None:
+            from clustertrain.image.paths import sqsh_path
+
+            return str(sqsh_path(self))
+        return None
+
     def model(self, name: str) -> ModelEntry:
         for m in self.models:
             if m.name == name:
@@ -292,6 +310,11 @@ def load_project(path: str | Path, overrides: list[str] | None = None) -> Projec
         value = getattr(storage, key)
         if value is not None and not value.is_absolute():
             setattr(storage, key, (base / value).resolve())
+    if project.image is not None:
+        for key in ("dir", "versions", "work_dir"):
+            value = getattr(project.image, key)
+            if value is not None and not value.is_absolute():
+                setattr(project.image, key, (base / value).resolve())
     for m in project.models:
         src = m.data.source
         if not src.startswith(("builtin:", "s3://")) and not Path(src).is_absolute():

@@ -13,7 +13,12 @@ is not on the compute nodes)
 a venv on a shared mount whose base interpreter is     warning  ``launch.python``
 off it (each node needs the same base interpreter)
 a container image given as a file is on a shared       error    ``cluster.container_image``
-file system
+file system (the built image: its directory)                    / ``image.dir``
+that file exists (a typo costs a queued job); when     error /  ``cluster.container_image``
+its mount is not on this machine it cannot be seen     warning  / ``image``
+from here (a warning: check on the head node)
+``cluster.container_image`` and an ``image:``         warning  ``cluster.container_image``
+section name different images
 a model's node count (``plan.nodes``, the plan's       error    ``models[i].plan.nodes`` / ``plan.cluster_nodes``
 allocation) or ``plan.cluster_nodes`` exceeds the
 queue's ``max_count``
@@ -79,13 +84,8 @@ def launch_findings(project: "Project", plan: "Plan | None" = None, launch: Laun
 
 
 def interpreter_findings(project: "Project", launch: LaunchConfig) -> list[Finding]:
-    image = project.cluster.container_image
-    if image:
-        if image.startswith(("/", "./", "../")) and project.aws is not None:
-            return [Finding("error", field, message, "put the image (.sqsh) on a shared file system, e.g. under /fsx")
-                    for field, message in off_mount_problems(project, extra={"cluster.container_image": image})
-                    if field == "cluster.container_image"]
-        return []
+    if project.container_image:
+        return image_findings(project)
     python = launch.python or sys.executable
     source = "launch.python" if launch.python else f"the interpreter running clustertrain (sys.executable; launch.python unset)"
     if not Path(python).is_absolute():
@@ -104,6 +104,36 @@ def interpreter_findings(project: "Project", launch: LaunchConfig) -> list[Findi
                                "system: every node must have that same interpreter (a venv's base interpreter)",
                                "use an interpreter installed on the shared file system, or a container image"))
     return out
+
+
+def image_findings(project: "Project") -> list[Finding]:
+    """The container image every rank runs in: on a shared file system, and there."""
+    image = project.container_image
+    if not image or not image.startswith(("/", "./", "../")):
+        return []  # none, or a registry reference that Enroot pulls on each node
+    built = project.cluster.container_image is None  # the image: section's .sqsh
+    field = "image" if built else "cluster.container_image"
+    out: list[Finding] = []
+    if not built and project.image is not None:
+        from clustertrain.image.paths import sqsh_path
+
+        if str(sqsh_path(project)) != image:
+            out.append(Finding("warning", field, f"{image} is used, not the image `clustertrain image build` writes "
+                               f"({sqsh_path(project)})", "remove cluster.container_image to run in the built image"))
+    if project.aws is not None:
+        off = [m for f, m in off_mount_problems(project, extra={field: image}) if f in (field, "image.dir")]
+        if off:
+            return out + [Finding("error", "image.dir" if built else field, off[0],
+                                  "put the image (.sqsh) on a shared file system, e.g. under /fsx")]
+    if Path(image).is_file():
+        return out
+    mount = mount_of(image, storage_layout(project).mounts) if project.aws is not None else None
+    fix = (f"build it on the head node: `clustertrain image build PROJECT` (docs/image.md)" if built else
+           "import it (`enroot import -o FILE dockerd://IMAGE`) or correct cluster.container_image")
+    if mount is not None and not Path(mount).is_dir():
+        return out + [Finding("warning", field, f"{image} is on the cluster's {mount}, which is not mounted on this "
+                              "machine: not verified", "run `clustertrain check` on the head node, where a missing image is an error")]
+    return out + [Finding("error", field, f"{image} does not exist: every rank would fail to start its container", fix)]
 
 
 def env_findings(launch: LaunchConfig) -> list[Finding]:

@@ -124,12 +124,17 @@ def default_log_dir(project: Project, entry: ModelEntry) -> Path:
 
 
 def interpreter(project: Project, launch: LaunchConfig | None = None) -> str:
-    """The ranks' interpreter: ``launch.python``; else ``python`` inside a container image, or the interpreter
-    running clustertrain (``sys.executable``) on the host."""
+    """The ranks' interpreter: ``launch.python``; else, in the image ``clustertrain image build`` writes, the
+    interpreter it installed clustertrain for (:func:`clustertrain.image.paths.image_interpreter`); ``python``
+    inside another container image; the interpreter running clustertrain (``sys.executable``) on the host."""
     launch = launch or launch_config_of(project)
     if launch.python:
         return launch.python
-    return "python" if project.cluster.container_image else sys.executable
+    if project.container_image:
+        from clustertrain.image.paths import image_interpreter
+
+        return image_interpreter(project) or "python"
+    return sys.executable
 
 
 def build_request(project: Project, entry: ModelEntry, run_dir: Path, *, launch: LaunchConfig | None = None,
@@ -146,10 +151,11 @@ def build_request(project: Project, entry: ModelEntry, run_dir: Path, *, launch:
         from clustertrain.plan.nodes import nodes_for
 
         nodes = nodes_for(project)[entry.name]
+    image = project.container_image
     env = rank_environment(cluster.instance_type, nodes, launch, os=project.aws.os if project.aws else None,
-                           container=bool(cluster.container_image))
+                           container=bool(image))
     mounts: tuple[str, ...] = ()
-    if cluster.container_image:
+    if image:
         layout = storage_layout(project)
         candidates = [Path(m) for m in layout.mounts] or [Path(b).absolute() for b in layout.bases().values()]
         candidates += [run_dir, log_dir]
@@ -168,8 +174,8 @@ def build_request(project: Project, entry: ModelEntry, run_dir: Path, *, launch:
         gpus_per_node=cluster.gpus_per_node, gpu_directive=launch.gpu_directive, cpus_per_task=cluster.cpus_per_task,
         partition=cluster.partition, time_limit=cluster.time_limit, exclusive=launch.exclusive,
         signal=launch.signal, signal_grace_s=launch.signal_grace_s, max_restarts=launch.max_restarts,
-        container_image=cluster.container_image, container_mounts=mounts,
-        container_env=tuple(dict.fromkeys([*RANK_VARIABLES, *env.set, "PYTHONUNBUFFERED"])) if cluster.container_image else (),
+        container_image=image, container_mounts=mounts,
+        container_env=tuple(dict.fromkeys([*RANK_VARIABLES, *env.set, "PYTHONUNBUFFERED"])) if image else (),
         sbatch_args=tuple(launch.sbatch_args), srun_args=tuple(launch.srun_args),
         submit_command=submit_command or f"clustertrain submit PROJECT --model {entry.name}",
     )

@@ -31,15 +31,15 @@ def tokenizer_at(path: str) -> list[str]:
 SHAPES = {
     "flagship-fits": [],
     "one-fsx-at-the-root": ["aws.fsx=[{name: shared, mount_dir: /lustre, capacity_gb: 2400, throughput: 250}]",
-                            "storage.root=/lustre", "cluster.container_image=/lustre/img.sqsh",
+                            "storage.root=/lustre", "image.dir=/lustre/images",
                             *tokenizer_at("/lustre/tok/tokenizer.json")],
     "other-mounts-with-holds": ["aws.fsx=[{name: d, mount_dir: /mnt/data, capacity_gb: 1200, holds: [datasets]}, "
                                 "{name: c, mount_dir: /mnt/ckpt, capacity_gb: 2400, holds: [checkpoints, logs, tensorboard, outputs]}]",
-                                "cluster.container_image=/mnt/data/img.sqsh", *tokenizer_at("/mnt/data/tok.json")],
+                                "image=null", "cluster.container_image=/mnt/data/img.sqsh", *tokenizer_at("/mnt/data/tok.json")],
     "ubuntu-40-nodes": ["aws.os=ubuntu2204", "plan.cluster_nodes=40", "aws.queues.0.max_count=40"],
     "capacity-block": ["aws.queues.0.capacity_type=CAPACITY_BLOCK"],
     "ebs-only": ["aws.fsx=[]", "aws.ebs=[{name: shared, mount_dir: /shared, size_gb: 2000}]",
-                 "cluster.container_image=/shared/img.sqsh", *tokenizer_at("/shared/tok.json")],
+                 "image.dir=/shared/images", *tokenizer_at("/shared/tok.json")],
 }
 
 
@@ -66,7 +66,8 @@ def test_differently_shaped_projects_pass(shape):
     ("other-mounts-with-holds", "cluster.container_image=/home/me/img.sqsh", "launch", "cluster.container_image"),
     ("ubuntu-40-nodes", "aws.queues.0.max_count=30", "launch", "plan.cluster_nodes"),
     ("capacity-block", "aws.queues.0.min_count=0", "cluster", None),
-    ("ebs-only", "cluster.container_image=null", "launch", "launch.python"),
+    ("ebs-only", "image=null", "launch", "launch.python"),
+    ("one-fsx-at-the-root", "image.dir=/opt/images", "layout", "image.dir"),
 ])
 def test_the_same_rules_refuse_each_shape(shape, override, section, field):
     project = load_project(P5E, [*FITS, *SHAPES[shape], override])

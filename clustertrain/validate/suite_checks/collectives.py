@@ -67,7 +67,7 @@ def plan(ctx: SuiteContext) -> list[SuiteJob]:
     if withheld is not None:  # rehearsal: that rank's task exits before it joins
         args = ["bash", "-c", WITHHOLD, withheld, *args]
     env = rank_environment(cl.instance_type, n, project.launch, os=project.aws.os if project.aws else None,
-                           container=bool(cl.container_image))
+                           container=bool(ctx.project.container_image))
     extra = dict(NCCL_DEBUG_ENV) if spec.backend == "nccl" else {}  # relative: the script runs in the results dir
     if not cl.gpus_per_node:
         extra["OMP_NUM_THREADS"] = env.set.get("OMP_NUM_THREADS", "1")

@@ -3,7 +3,7 @@
 One task per node: ``echo "$SLURMD_NODENAME $(hostname)"`` into ``host-<i>.txt`` and ``clustertrain validate
 scan --role compute --json`` into ``scan-<i>.json``. Judged: every node answered with a scan; each scan check,
 worst over the nodes. Checks that do not apply to the project are not-applicable: GPU/EFA checks when
-``cluster.gpus_per_node`` is 0, enroot without ``cluster.container_image``, the FSx mount check without
+``cluster.gpus_per_node`` is 0, enroot without a container image, the FSx mount check without
 ``aws.fsx``.
 """
 
@@ -73,8 +73,8 @@ def _not_applicable(project: Project, check: str) -> str | None:
     cl = project.cluster
     if check in GPU_EFA_CHECKS and cl.gpus_per_node == 0:
         return "not applicable: gpus_per_node=0"
-    if check == "enroot" and not cl.container_image:
-        return "not applicable: cluster.container_image is not set"
+    if check == "enroot" and not project.container_image:
+        return "not applicable: no container image (cluster.container_image, image:)"
     if check == "shared_fs" and not (project.aws and project.aws.fsx):
         return "not applicable: no aws.fsx; storage.root is benchmarked by the storage job"
     return None

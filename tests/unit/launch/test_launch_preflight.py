@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[3]
 P5E = ROOT / "examples" / "p5e-80x7.yaml"
 #: the flagship with models that fit the built-in trainer (1.3B), so only the launch rules speak
 FITS = [f"models.{i}.model.{k}={v}" for i in range(7) for k, v in (("layers", 24), ("hidden", 2048), ("heads", 16))]
-FITS += ["cluster.container_image=null"]  # the example runs in an image; these tests start from the host interpreter
+FITS += ["image=null"]  # the example runs in its built image; these tests start from the host interpreter
 
 
 def paths(findings, level="error"):

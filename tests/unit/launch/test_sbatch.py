@@ -230,14 +230,14 @@ def test_python_comes_from_launch_python_and_library_dirs_from_aws_os():
 
     root = Path(__file__).resolve().parents[3]
     p = load_project(root / "examples" / "p5e-80x7.yaml", ["launch.python=/fsx/data/envs/t/bin/python",
-                                                               "cluster.container_image=null"])
+                                                               "image=null"])
     text = render_script(build_request(p, p.models[0], Path("/fsx/checkpoints/p5e-80x7/model-1"), nodes=11))
     assert "/fsx/data/envs/t/bin/python -m clustertrain train" in text and sys.executable not in text
     assert "export LD_LIBRARY_PATH=/opt/amazon/efa/lib64:/opt/amazon/ofi-nccl/lib64" in text
     for gone in ("NCCL_TUNER_PLUGIN", "FI_PROVIDER", "FI_EFA_USE_DEVICE_RDMA", "FI_EFA_FORK_SAFE", "NCCL_BUFFSIZE",
                  "NCCL_P2P_NET_CHUNKSIZE", "x86_64-linux-gnu"):
         assert gone not in text, gone
-    ubuntu = load_project(root / "examples" / "p5e-80x7.yaml", ["aws.os=ubuntu2204", "cluster.container_image=null"])
+    ubuntu = load_project(root / "examples" / "p5e-80x7.yaml", ["aws.os=ubuntu2204", "image=null"])
     text = render_script(build_request(ubuntu, ubuntu.models[0], Path("/fsx/checkpoints/x"), nodes=11))
     assert "export LD_LIBRARY_PATH=/opt/amazon/efa/lib:/opt/amazon/ofi-nccl/lib\"" in text
 

@@ -309,7 +309,7 @@ def test_smoke_counts_gpu_checks_only_with_gpus(tmp_path):
     assert [(r.check, r.verdict) for r in rows] == [("nodes", "pass"), ("gpu", "not-applicable"),
                                                     ("enroot", "not-applicable"), ("slurm", "pass")]
     assert rows[1].detail == "not applicable: gpus_per_node=0"
-    gpu = load_project(EXAMPLE_P5E, ["cluster.container_image=null"])  # on the host: no Enroot needed
+    gpu = load_project(EXAMPLE_P5E, ["image=null"])  # on the host: no Enroot needed
     rows = evaluate_smoke(gpu, ["node1", "node2"], ["node1 vm", None], [_scan("fail"), None])
     assert [(r.check, r.verdict) for r in rows] == [("nodes", "fail"), ("gpu", "fail"), ("enroot", "not-applicable"),
                                                     ("slurm", "pass")]

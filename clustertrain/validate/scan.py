@@ -37,6 +37,8 @@ class CheckResult(StoredModel):
     found: str = Field(description="What the source said, or 'not found'.")
     required: str = Field(description="What the table requires.")
     detail: str = Field(default="", description="Where it was read and why the status.")
+    version: str | None = Field(default=None, description="The comparable version read (2.29.7, 1.22.0-aws...), None when "
+                                                          "none was read (absent, unreadable, not a versioned check).")
 
 
 class ScanReport(StoredModel):
@@ -66,14 +68,15 @@ def _versioned(name: str, level: Level, f: Finding, minimum: Minimum) -> CheckRe
     detail = f.detail + ("" if ok is not None else "; version unreadable")
     if ok is False:
         detail += f"; minimum from {minimum.source}"
-    return CheckResult(name=name, status=_status(level, ok), found=f.found, required=req, detail=detail.strip("; "))
+    return CheckResult(name=name, status=_status(level, ok), found=f.found, required=req, detail=detail.strip("; "),
+                       version=f.version)
 
 
 def _present(name: str, level: Level, f: Finding, required: str = "installed") -> CheckResult:
     found = f.found if f.found is not None else "not found"
     ok = f.found is not None and not found.startswith("installed, version unreadable")
     st = _status(level, ok if f.found is None or ok else None)
-    return CheckResult(name=name, status=st, found=found, required=required, detail=f.detail)
+    return CheckResult(name=name, status=st, found=found, required=required, detail=f.detail, version=f.version)
 
 
 def scan(role: str, instance_type: str | None = None, requirements: RequirementsConfig | None = None) -> ScanReport:

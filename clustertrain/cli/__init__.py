@@ -18,6 +18,7 @@ from clustertrain.cli import check as check_cli
 from clustertrain.cli import cluster as cluster_cli
 from clustertrain.cli import config as config_cli
 from clustertrain.cli import data as data_cli
+from clustertrain.cli import image as image_cli
 from clustertrain.cli import jobs as jobs_cli
 from clustertrain.cli import local_slurm as local_slurm_cli
 from clustertrain.cli import plan as plan_cli
@@ -34,6 +35,7 @@ app.command("check")(check_cli.check_command)
 app.add_typer(config_cli.app, name="config")
 app.add_typer(data_cli.app, name="data")
 app.add_typer(cluster_cli.app, name="cluster")
+app.add_typer(image_cli.app, name="image")
 app.add_typer(storage_cli.app, name="storage")
 app.add_typer(validate_cli.app, name="validate")
 app.add_typer(local_slurm_cli.app, name="local-slurm")

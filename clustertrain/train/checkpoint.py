@@ -253,7 +253,6 @@ class CheckpointManager:
             _barrier()
             return final
         from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
-
         response = dcp.async_save(state, storage_writer=self.writer(tmp), process_group=self._group(),
                                   async_stager=self._staging(), no_dist=not _distributed())
         future = response.upload_completion if isinstance(response, AsyncSaveResponse) else response
@@ -313,8 +312,12 @@ class CheckpointManager:
         return self._async_group
 
     def _staging(self) -> Any:
-        """One stager for the run: its CPU copies (pinned on a GPU) are allocated once and reused."""
-        if self._stager is None:
+        """One stager for the run: its CPU copies (pinned on a GPU) are allocated once and reused — where the
+        stager allows it. torch 2.11's DefaultStager is spent after one stage (its copy table is cleared; the
+        next stage fails with ``KeyError: <class 'type'>``, seen on an H200 with torch 2.11.0+cu130, the
+        PyTorch of the NGC 26.02 image): then a new one is made for each save."""
+        spent = getattr(getattr(self._stager, "_state_dict_stager", None), "_deepcopy_dispatch", None) == {}
+        if self._stager is None or spent:
             import torch
             from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 

@@ -45,7 +45,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import BeforeValidator, Field
 
@@ -55,6 +55,7 @@ from clustertrain.project import Project
 from clustertrain.rundir import write_atomic
 from clustertrain.schema import StoredModel
 from clustertrain.states import State
+from clustertrain.validate.checks import Verdict
 from clustertrain.validate.scan import CheckResult, ScanReport
 from clustertrain.validate.suitedir import JobOutcome, SuitePaths, load_result, read_text
 
@@ -66,9 +67,6 @@ NOT_PINNED = "not pinned"
 #: srun without the Pyxis plugin: "srun: unrecognized option '--container-image=x'" (slurm-wlm 22.05.8, captured
 #: in tests/unit/image/test_check_compare.py); other getopt builds say "unrecognized option `--container-...'".
 _PYXIS_RE = re.compile(r"(unrecognized|unknown|invalid) option\W{1,3}--container")
-
-Verdict = Literal["pass", "warn", "fail", "not-applicable"]
-_RANK = {"not-applicable": 0, "pass": 1, "warn": 2, "fail": 3}
 
 
 class ImageCheckRow(StoredModel):

@@ -23,6 +23,7 @@ from clustertrain.image.paths import image_tag
 from clustertrain.image.squashfs import verify_sqsh
 from clustertrain.project import load_project
 from tests.support.fake_tools import INTERPRETER, install_fake_docker, install_fake_enroot, need_mksquashfs
+from tests.support.projects import tiny_project
 
 ROOT = Path(__file__).resolve().parents[3]
 FLAGSHIP = ROOT / "examples" / "p5e-80x7.yaml"
@@ -31,18 +32,7 @@ NAME = "clustertrain-train"
 
 def write_project(tmp_path: Path, image: str = "") -> Path:
     image = image or f"{{dir: {tmp_path / 'images'}, work_dir: {tmp_path / 'work'}}}"
-    f = tmp_path / "p.yaml"
-    f.write_text(f"""name: imgtest
-cluster: {{backend: local, gpus_per_node: 0, procs_per_node: 1}}
-storage: {{root: {tmp_path / 'runs'}}}
-image: {image}
-models:
-  - name: tiny
-    model: {{layers: 2, hidden: 64, heads: 4, seq_len: 32}}
-    data: {{source: "builtin:shakespeare", tokenizer: byte}}
-    training: {{max_steps: 1, micro_batch: 1, global_batch: 1}}
-""")
-    return f
+    return tiny_project(tmp_path, f"image: {image}", name="imgtest")
 
 
 def stub_render(project, out_dir: Path):

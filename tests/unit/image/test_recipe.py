@@ -26,6 +26,7 @@ from clustertrain.image.recipe import (REPOS, clone_command, dockerfile_text, gi
                                        validate_pins)
 from clustertrain.image.versions import DEFAULT_VERSIONS, VersionsFile, load_versions
 from clustertrain.project import load_project
+from tests.support.projects import tiny_project
 
 WHEEL = "clustertrain-0.1.0-py3-none-any.whl"
 #: set by aws-ofi-nccl itself, or documented as not to be set (aws-ofi-nccl doc/efa-env-var.md; research sec. 3)
@@ -35,18 +36,7 @@ CONTEXT_FILES = {"Dockerfile", WHEEL, "requirements.txt", "versions.json", ".doc
 
 
 def write_project(tmp_path: Path, image: str) -> Path:
-    f = tmp_path / "p.yaml"
-    f.write_text(f"""name: recipetest
-cluster: {{backend: local, gpus_per_node: 0, procs_per_node: 1}}
-storage: {{root: {tmp_path / 'runs'}}}
-{image}
-models:
-  - name: tiny
-    model: {{layers: 2, hidden: 64, heads: 4, seq_len: 32}}
-    data: {{source: "builtin:shakespeare", tokenizer: byte}}
-    training: {{max_steps: 1, micro_batch: 1, global_batch: 1}}
-""")
-    return f
+    return tiny_project(tmp_path, image, name="recipetest")
 
 
 def pins_file(tmp_path: Path, edit) -> Path:

@@ -192,3 +192,15 @@ def test_a_real_gpu_hosts_scan_judged_against_the_pins():
     assert (by["nccl"].pinned, by["nccl"].version, by["nccl"].verdict) == ("2.29", "2.28.9", "warn")
     assert (by["aws_ofi_nccl"].found, by["aws_ofi_nccl"].verdict) == ("not found", "fail")
     assert (by["torch"].version, by["torch"].verdict) == ("2.11.0", "pass")  # pin 2.11.0a0 at its precision
+
+
+@pytest.mark.parametrize("override,words", [
+    ("image.name=Team/Train", "image.name: image name 'Team/Train' is not a docker image name"),
+    ("image.tag=-v1", "image.tag: image tag '-v1' is not a docker tag"),
+])
+def test_an_image_name_or_tag_docker_rejects_is_one_line_and_nothing_is_built(tmp_path, override, words):
+    out = tmp_path / "ctx"
+    proc = subprocess.run([sys.executable, "-m", "clustertrain", "image", "render", str(P5E), "-o", str(out),
+                           "--set", override], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and words in proc.stderr, proc.stderr
+    assert not out.exists() and list(tmp_path.iterdir()) == []

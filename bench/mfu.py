@@ -198,6 +198,11 @@ def checkpoint_stall(pm, opt, layout, step, data, ckpt_dir: Path, device) -> dic
     return {"stall_first_s": stalls[0], "stall_s": stalls[1], "step_during_write_s": during[1], "save_s": write_s[1]}
 
 
+def progress(line: str) -> None:
+    """A line on stderr as each side finishes: a run cut short (a GPU lent for minutes) still leaves figures."""
+    print(f"[mfu] {line}", file=sys.stderr, flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=24)
@@ -242,7 +247,9 @@ def main() -> None:
         for r in range(args.repeats):  # the trainer first: its memory is measured on an empty GPU
             last = r == args.repeats - 1 and not args.no_checkpoint
             ours.append(run_trainer(arch, args, device, base / "ckpt" if last else None))
+            progress(f"round {r + 1}: trainer {ours[-1]['step_s'] * 1e3:.1f} ms/step (warm-up {ours[-1]['compile_s']:.0f} s)")
             bare.append(run_bare(arch, args, device))
+            progress(f"round {r + 1}: bare {bare[-1]['step_s'] * 1e3:.1f} ms/step (warm-up {bare[-1]['compile_s']:.0f} s)")
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

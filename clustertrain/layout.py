@@ -125,11 +125,11 @@ def storage_layout(project: "Project") -> StorageLayout:
             bases[kind] = root / "datasets" if kind == "datasets" else root
             origin[kind] = "storage.root"
     mounts = tuple(shared_mounts(project))
-    image = getattr(project, "image", None)
     images, images_origin = None, "image.dir"
-    if image is not None:
-        images = Path(image.dir) if image.dir is not None else bases["datasets"].parent / "images"  # type: ignore[union-attr]
-        images_origin = "image.dir" if image.dir is not None else origin["datasets"]
+    if project.image is not None:
+        explicit_dir = project.image.dir
+        images = Path(explicit_dir) if explicit_dir is not None else bases["datasets"].parent / "images"  # type: ignore[union-attr]
+        images_origin = "image.dir" if explicit_dir is not None else origin["datasets"]
     return StorageLayout(project=project.name, datasets=bases["datasets"], runs=bases["checkpoints"],  # type: ignore[arg-type]
                          logs=bases["logs"], tensorboard=bases["tensorboard"], outputs=bases["outputs"],  # type: ignore[arg-type]
                          origin=origin, mounts=mounts, images=images, images_origin=images_origin)

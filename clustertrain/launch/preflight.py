@@ -128,7 +128,7 @@ def image_findings(project: "Project") -> list[Finding]:
     if Path(image).is_file():
         return out
     mount = mount_of(image, storage_layout(project).mounts) if project.aws is not None else None
-    fix = (f"build it on the head node: `clustertrain image build PROJECT` (docs/image.md)" if built else
+    fix = ("build it on the head node: `clustertrain image build PROJECT` (docs/image.md)" if built else
            "import it (`enroot import -o FILE dockerd://IMAGE`) or correct cluster.container_image")
     if mount is not None and not Path(mount).is_dir():
         return out + [Finding("warning", field, f"{image} is on the cluster's {mount}, which is not mounted on this "

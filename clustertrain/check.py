@@ -13,10 +13,12 @@ cluster            ParallelCluster schema, pcluster's own offline validators and
 plan               each model is feasible with its ``parallelism`` layout (:mod:`clustertrain.plan.preflight`)
 data               data source present or publishable, tokenizer loadable, ``model.vocab`` matches it
                    (:mod:`clustertrain.data.preflight`)
+image              the training image's pins load and work together by the compatibility table
+                   (:mod:`clustertrain.image.preflight`)
 launch             interpreter or image available on every node, time limit vs checkpoint
                    interval vs the stop signal (:mod:`clustertrain.launch.preflight`)
 secrets            nothing generated (batch scripts, cluster config, infrastructure template,
-                   node scripts) holds a credential or private key
+                   node scripts, the image's Dockerfile and versions.json) holds a credential or private key
 =================  ==========================================================================
 
 No section calls AWS or writes a file. A section that cannot run (say aws-parallelcluster is not
@@ -115,17 +117,33 @@ def _generated(project: "Project") -> list[tuple[str, str]]:
             texts += [(f"node script {name}", text) for name, text in render_node_scripts(project).items()]
         except ClusterTrainError:
             pass  # reported by the cluster section
+    if project.image is not None:
+        try:
+            from clustertrain import __version__
+            from clustertrain.image.paths import image_ref
+            from clustertrain.image.recipe import dockerfile_text, versions_json_text
+            from clustertrain.image.versions import load_versions
+
+            ref, versions = image_ref(project), load_versions(project.image.versions)
+            pins = str(project.image.versions or "")
+            texts.append(("image Dockerfile", dockerfile_text(versions, megatron=ref.megatron, clustertrain_version=__version__,
+                                                              wheel_name=f"clustertrain-{__version__}-py3-none-any.whl")))
+            texts.append(("image versions.json", versions_json_text(versions, reference=ref.reference, megatron=ref.megatron,
+                                                                    notes=[], pins_file=pins)))
+        except ClusterTrainError:
+            pass  # reported by the image section
     return texts
 
 
 def _sections() -> list[tuple[str, Callable[["Project"], list[Finding]]]]:
     from clustertrain.cloud.preflight import cloud_findings
     from clustertrain.data.preflight import data_findings
+    from clustertrain.image.preflight import image_findings
     from clustertrain.launch.preflight import launch_findings
     from clustertrain.plan.preflight import plan_findings
 
     return [("layout", layout_findings), ("cluster", cloud_findings), ("plan", plan_findings),
-            ("data", data_findings), ("launch", launch_findings), ("secrets", secret_findings)]
+            ("data", data_findings), ("image", image_findings), ("launch", launch_findings), ("secrets", secret_findings)]
 
 
 def run_check(project: "Project", only: list[str] | None = None) -> CheckReport:

@@ -204,3 +204,20 @@ def test_an_image_name_or_tag_docker_rejects_is_one_line_and_nothing_is_built(tm
                            "--set", override], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and words in proc.stderr, proc.stderr
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_check_reports_incompatible_pins_and_a_credential_in_a_pin(tmp_path):
+    from clustertrain.check import run_check
+
+    raw = yaml.safe_load(DEFAULT_VERSIONS.read_text())
+    raw["pins"]["nccl"] = {"version": "2.32.3-1", "source": "https://github.com/NVIDIA/nccl/releases", "date": "2026-10-01"}
+    bad = tmp_path / "versions.yaml"
+    bad.write_text(yaml.safe_dump(raw))
+    report = run_check(load_project(P5E, [f"image.versions={bad}"]))
+    [(section, f)] = report.errors
+    assert (section, f.path) == ("image", "image.versions: pins.nccl") and "aws-ofi-nccl 1.22.0" in f.message
+    raw["pins"].pop("nccl")
+    raw["pins"]["gdrcopy"]["source"] = "https://AKIAABCDEFGHIJKLMNOP@github.com/NVIDIA/gdrcopy"  # an access key id
+    bad.write_text(yaml.safe_dump(raw))
+    report = run_check(load_project(P5E, [f"image.versions={bad}"]))
+    assert [(s, f.path) for s, f in report.errors] == [("secrets", "image versions.json")]

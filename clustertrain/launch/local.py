@@ -11,6 +11,7 @@ lines. SIGINT/SIGTERM to the launcher are forwarded as SIGTERM, so the ranks sav
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,6 +27,9 @@ from clustertrain.states import State
 
 POLL_S = 0.5
 KILL_GRACE_S = 5.0
+#: what a rank prints when it fails because a peer died first (gloo, NCCL): not the cause to report
+PEER_FAILED_RE = re.compile(r"remote worker crash|Connection closed by peer|Connection reset by peer|"
+                            r"remote process exited|peer process", re.IGNORECASE)
 
 
 def rank_command(spec: RunSpec) -> list[str]:
@@ -111,8 +115,9 @@ class LocalLauncher:
                     on_tick()
                 bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
                 if bad:
-                    rank, code = bad[0]
-                    time.sleep(0.5)  # peers failing for the same reason exit together; report the first
+                    time.sleep(0.5)  # peers failing for the same reason exit together
+                    bad = [(r, c) for r, c in enumerate(p.poll() for p in job.procs) if c not in (None, 0)]
+                    rank, code = _cause(job.spec, bad)
                     stop_ranks(job.procs, signal.SIGTERM)
                     reap_ranks(job.procs, KILL_GRACE_S)
                     job.failure = _describe_failure(job.spec, rank, code)
@@ -123,6 +128,15 @@ class LocalLauncher:
         finally:
             for s, handler in old.items():
                 signal.signal(s, handler)
+
+
+def _cause(spec: RunSpec, bad: list[tuple[int, int]]) -> tuple[int, int]:
+    """The failed rank to report: the first whose last lines do not say a peer died before it (a rank blocked in
+    a collective fails moments after the one that crashed, and may be seen first); else the first."""
+    for rank, code in bad:
+        if not any(PEER_FAILED_RE.search(line) for line in tail_lines(spec.paths.rank_log(rank), 15)):
+            return rank, code
+    return bad[0]
 
 
 def _describe_failure(spec: RunSpec, rank: int, code: int) -> str:

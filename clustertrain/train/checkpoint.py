@@ -236,7 +236,8 @@ class CheckpointManager:
         """Save ``state`` (:func:`clustertrain.train.state.app_state`) as step ``step``. Synchronous: returns
         the committed directory on every rank. Asynchronous: waits for the previous async save and commits
         it, stages ``state`` to CPU, starts writing it and returns the previous save's directory if this
-        call committed it (rank 0), else None; :meth:`poll`/:meth:`wait` commit the new one."""
+        call committed it (rank 0), else None; :meth:`poll`/:meth:`wait` commit the new one. A synchronous save
+        commits an async save still in flight without returning it: call :meth:`wait` first to see it."""
         import torch.distributed.checkpoint as dcp
 
         previous = self.wait()

@@ -176,6 +176,8 @@ class Trainer:
     def _save(self, final: bool) -> None:
         """Save at this step: asynchronously unless it is the run's last save (then wait, so it is committed)."""
         self.train_state.consumed_samples = self.step * self.cfg.global_batch
+        if final:  # an async save still in flight is committed here, not inside the synchronous save that drops it
+            self._committed(self.ckpt.wait())
         state = app_state(self.model, self.optimizer, self.train_state)
         committed = self.ckpt.save(self.step, self.train_state.consumed_samples, state,
                                    async_save=self.cfg.async_checkpoint and not final)

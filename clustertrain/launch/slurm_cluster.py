@@ -49,7 +49,8 @@ from clustertrain.launch.slurmcli import run_slurm
 from clustertrain.rundir import write_atomic
 from clustertrain.templating import render
 
-__all__ = ["JOBCOMP_TYPES", "LocalSlurmCluster", "LocalSlurmPaths", "LocalSlurmStatus", "RECORD_VERSION", "require_installed"]
+__all__ = ["JOBCOMP_TYPES", "LocalSlurmCluster", "LocalSlurmPaths", "LocalSlurmStatus", "NodeGroup", "RECORD_VERSION",
+           "require_installed"]
 
 _TEMPLATES = Path(__file__).parent / "templates"
 _SBIN = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
@@ -59,6 +60,30 @@ INSTALL_COMMAND = "apt-get install -y --no-install-recommends slurm-wlm munge"
 #: JobCompType plugins the local cluster can run: ``filetxt`` keeps final states in jobcomp.txt; ``none`` is
 #: what ParallelCluster configures (with MinJobAge=300), so a finished job is forgotten MinJobAge after its end.
 JOBCOMP_TYPES = ("filetxt", "none")
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    """Nodes of one shape in one partition: ``<prefix>1`` .. ``<prefix><count>`` (a ParallelCluster compute
+    resource of a queue). ``memory_mb`` None declares this machine's memory; ``cpus`` and ``memory_mb`` are what
+    the node lines declare (``SlurmdParameters=config_overrides``), not what the emulation has."""
+
+    partition: str
+    prefix: str
+    count: int
+    cpus: int
+    memory_mb: int | None = None
+    gpus: int = 0
+    gpu_type: str = "h100"
+
+    @property
+    def names(self) -> list[str]:
+        return [f"{self.prefix}{k}" for k in range(1, self.count + 1)]
+
+    @property
+    def hostlist(self) -> str:
+        """The Slurm hostlist of the group (``gpu-st-p5e-[1-80]``)."""
+        return f"{self.prefix}[1-{self.count}]" if self.count > 1 else f"{self.prefix}1"
 
 
 @dataclass(frozen=True)
@@ -92,7 +117,8 @@ class LocalSlurmCluster:
 
     def __init__(self, state_dir: str | Path, nodes: int = 2, cpus_per_node: int | None = None,
                  gpus_per_node: int = 0, *, gpu_type: str = "h100", partition: str = "debug",
-                 min_job_age: int = 300, jobcomp: str = "filetxt", timeout: float = 30.0) -> None:
+                 min_job_age: int = 300, jobcomp: str = "filetxt", timeout: float = 30.0,
+                 groups: list[NodeGroup] | None = None) -> None:
         if nodes < 1:
             raise LaunchError(f"local Slurm: nodes={nodes} must be at least 1")
         if cpus_per_node is not None and cpus_per_node < 1:
@@ -111,16 +137,26 @@ class LocalSlurmCluster:
         if bad:
             raise LaunchError(f"local Slurm: state dir {str(root)!r} contains {''.join(bad)!r}, which "
                               "slurm.conf cannot hold; choose a path without spaces or quotes")
-        self.paths = LocalSlurmPaths(root)
-        self.spec = {"nodes": nodes, "cpus_per_node": cpus_per_node or os.cpu_count() or 1,
+        cpus = cpus_per_node or os.cpu_count() or 1
+        if groups is None:
+            groups = [NodeGroup(partition, "node", nodes, cpus, None, gpus_per_node, gpu_type)]
+        self.paths = LocalSlurmPaths(root, max(len(f"{g.prefix}{g.count}") for g in groups))
+        for g in groups:
+            if g.count < 1 or g.cpus < 1 or not 0 <= g.gpus <= 64 or not all(
+                    re.fullmatch(r"[A-Za-z0-9_.-]{1,40}", v) for v in (g.partition, g.prefix, g.gpu_type)):
+                raise LaunchError(f"local Slurm: node group {g} needs count, cpus >= 1, 0-64 GPUs and names of "
+                                  "letters, digits, '_', '.' or '-'")
+        self.groups = list(groups)
+        self.spec = {"nodes": sum(g.count for g in groups), "cpus_per_node": cpus,
                      "gpus_per_node": gpus_per_node, "gpu_type": gpu_type, "partition": partition,
-                     "min_job_age": min_job_age, "jobcomp": jobcomp}
+                     "min_job_age": min_job_age, "jobcomp": jobcomp,
+                     "groups": [dict(vars(g)) for g in groups]}
         self.timeout = timeout
         self._children: dict[int, subprocess.Popen] = {}
 
     @property
     def node_names(self) -> list[str]:
-        return [f"node{k}" for k in range(1, self.spec["nodes"] + 1)]
+        return [n for g in self.groups for n in g.names]
 
     def env(self) -> dict[str, str]:
         """The variables a Slurm client (sbatch, squeue, scontrol...) needs: SLURM_CONF and PATH."""
@@ -187,7 +223,7 @@ class LocalSlurmCluster:
         write_atomic(p.munge_key, os.urandom(1024), mode=0o400)
         ports = free_ports(1 + self.spec["nodes"])
         write_atomic(p.conf, self.render_conf(ports[0], ports[1:]))
-        if self.spec["gpus_per_node"]:
+        if any(g.gpus for g in self.groups):
             self._make_gres()
         pids: dict[str, int] = {}
         record = {"version": RECORD_VERSION, "spec": self.spec, "ctld_port": ports[0],
@@ -199,46 +235,71 @@ class LocalSlurmCluster:
         p.write_record(record)  # so a failure below can stop munged
         wait_for(lambda: p.munge_socket.exists(), 10.0, "munged socket", p.log_of("munged"))
         pids["slurmctld"] = self._spawn("slurmctld", [_need("slurmctld"), "-D", "-i", "-f", str(p.conf)])
+        p.write_record(record)
+        self._before_nodes()
         for n in self.node_names:
             pids[f"slurmd-{n}"] = self._spawn(f"slurmd-{n}", [_need("slurmd"), "-D", "-f", str(p.conf), "-N", n])
         p.write_record(record)
+
+    def _before_nodes(self) -> None:
+        """Runs after slurmctld was spawned and before the first slurmd (a subclass boots its head node here)."""
+
+    def wrap(self, name: str, argv: list[str]) -> list[str]:
+        """The command line that starts daemon ``name`` (``argv`` as is; a subclass may prefix a boot driver
+        that execs ``argv``, so the recorded pid stays the daemon's)."""
+        return argv
 
     def render_conf(self, ctld_port: int, node_ports: list[int]) -> str:
         """The slurm.conf text for these ports (a value; ``up()`` writes it)."""
         if len(node_ports) != self.spec["nodes"]:
             raise LaunchError(f"local Slurm: {len(node_ports)} node ports for {self.spec['nodes']} nodes")
-        node_list = [{"name": n, "port": port} for n, port in zip(self.node_names, node_ports)]
+        ports = dict(zip(self.node_names, node_ports))
+        node_list = [{"name": n, "port": ports[n], "cpus": g.cpus, "memory_mb": g.memory_mb or total_memory_mb(),
+                      "gpus": g.gpus, "gpu_type": g.gpu_type} for g in self.groups for n in g.names]
+        partitions: dict[str, list[str]] = {}
+        for g in self.groups:
+            partitions.setdefault(g.partition, []).append(g.hostlist)
         p = self.paths
         return render(
             _TEMPLATES, "slurm.conf.j2", state_dir=p.root, cluster_name="clustertrain-local",
             hostname=socket.gethostname().split(".")[0], munge_socket=p.munge_socket, jobcomp_file=p.jobcomp,
             ctld_dir=p.ctld_dir, spool_dir=p.slurmd_spool, run_dir=p.run_dir, log_dir=p.log_dir,
-            real_memory_mb=total_memory_mb(), ctld_port=ctld_port, node_list=node_list, **self.spec)
+            ctld_port=ctld_port, node_list=node_list, partitions={k: ",".join(v) for k, v in partitions.items()},
+            any_gpus=any(g.gpus for g in self.groups), **self.spec)
 
     def _make_gres(self) -> None:
-        p, n = self.paths, self.spec["gpus_per_node"]
+        p = self.paths
         p.dev_dir.mkdir(mode=0o755)
-        for i in range(n):  # Slurm 22.05 drops GPUs without File=; CUDA_VISIBLE_DEVICES needs char devices
+        for i in range(max(g.gpus for g in self.groups)):  # Slurm 22.05 drops GPUs without File=; CUDA_VISIBLE_DEVICES needs char devices
             os.mknod(p.dev_dir / f"nvidia{i}", 0o666 | 0o020000, os.makedev(195, i))
-        files = f"{p.dev_dir}/nvidia[0-{n - 1}]" if n > 1 else f"{p.dev_dir}/nvidia0"
-        write_atomic(p.gres_conf, "# Generated by clustertrain (local-slurm): fake GPU devices, do not edit.\n"
-                      f"AutoDetect=off\nNodeName=node[1-{self.spec['nodes']}] Name=gpu "
-                      f"Type={self.spec['gpu_type']} File={files}\n")
+        lines = ["# Generated by clustertrain (local-slurm): fake GPU devices, do not edit.", "AutoDetect=off"]
+        for g in self.groups:
+            if g.gpus:
+                files = f"{p.dev_dir}/nvidia[0-{g.gpus - 1}]" if g.gpus > 1 else f"{p.dev_dir}/nvidia0"
+                lines.append(f"NodeName={g.hostlist} Name=gpu Type={g.gpu_type} File={files}")
+        write_atomic(p.gres_conf, "\n".join(lines) + "\n")
 
     def _spawn(self, name: str, argv: list[str]) -> int:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
         env["SLURM_CONF"] = str(self.paths.conf)  # slurmstepd inherits it: down() finds leftovers by it
         with open(self.paths.log_dir / f"{name}.out", "ab") as out:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen(self.wrap(name, argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     env=env, cwd=self.paths.root, start_new_session=True)
         self._children[proc.pid] = proc
         return proc.pid
+
+    def failed_nodes(self) -> set[str]:
+        """Nodes that will never come up and that ``up()`` does not wait for (a subclass whose boot failed)."""
+        return set()
 
     def _wait_idle(self, deadline: float) -> LocalSlurmStatus:
         states: dict[str, str] = {}
         while True:
             record = self.paths.read_record() or {}
+            failed = self.failed_nodes()
             for name, pid in record.get("pids", {}).items():
+                if name.removeprefix("slurmd-") in failed:
+                    continue
                 # A daemon we just spawned may not have exec'd yet (its command line and environment are
                 # still this process's): ask its Popen instead of looking at the process.
                 child = self._children.get(pid)
@@ -249,7 +310,8 @@ class LocalSlurmCluster:
             proc = self._client(["scontrol", "show", "node", "-o"], check=False)
             if proc.returncode == 0:
                 states = {n.name: n.state for n in parse_nodes(proc.stdout)}
-                if set(states) == set(self.node_names) and all(s == "IDLE" for s in states.values()):
+                wanted = set(self.node_names) - failed
+                if set(states) == set(self.node_names) and all(states[n] == "IDLE" for n in wanted):
                     return self.status()
             if time.monotonic() > deadline:
                 shown = ", ".join(f"{k}={v}" for k, v in sorted(states.items())) or "controller not answering"

@@ -7,11 +7,12 @@ State-directory layout::
       cluster.json        what up() started -- written last, after every daemon was spawned (and once
                           before, right after munged, so a failure can stop it); a directory without it
                           holds no cluster. Format (JSON): {"version": 1, "spec": {nodes, cpus_per_node,
-                          gpus_per_node, gpu_type, partition, min_job_age, jobcomp}, "ctld_port": int,
+                          gpus_per_node, gpu_type, partition, min_job_age, jobcomp, groups: [{partition,
+                          prefix, count, cpus, memory_mb, gpus, gpu_type}]}, "ctld_port": int,
                           "node_ports": {"node1": int, ...}, "pids": {"munged": int, "slurmctld": int,
                           "slurmd-node1": int, ...}}; readers ignore fields they do not know
       slurm.conf          rendered from launch/templates/slurm.conf.j2 (clients need SLURM_CONF=this)
-      gres.conf           only with gpus_per_node > 0 (Slurm reads it next to slurm.conf)
+      gres.conf           only when a node group has GPUs (Slurm reads it next to slurm.conf)
       jobcomp.txt         jobcomp/filetxt: one line per finished job, read by slurm_query after the job
                           left the controller (MinJobAge); absent with ``jobcomp="none"`` (ParallelCluster's
                           setting), where only the run directory's own records outlive the controller
@@ -24,7 +25,8 @@ State-directory layout::
       .lock               serialises up()/down() on this directory
 
 Unix socket paths hold at most 107 bytes, and step sockets live at spool/nodeK/nodeK_<job>.<step>.
-When the state dir is longer than 63 characters, slurm.conf and munged reach munge/ and spool/
+When the state dir is longer than 63 characters (fewer with node names longer than 8 characters, such as
+ParallelCluster's ``gpu-queue-st-p5e-48xlarge-80``), slurm.conf and munged reach munge/ and spool/
 through the short symlink /tmp/ct-slurm-<hash of the state dir> -> <state_dir> (removed by down()).
 """
 
@@ -46,6 +48,7 @@ class LocalSlurmPaths:
     """Every path in a local cluster's state directory (see the module docstring)."""
 
     root: Path
+    node_name_len: int = 8  # the longest node name (step sockets hold it twice)
 
     @property
     def conf(self) -> Path:
@@ -86,7 +89,8 @@ class LocalSlurmPaths:
     @property
     def socket_root(self) -> Path:
         """The state dir as socket paths name it: itself, or ``short_root`` when sockets would not fit."""
-        longest = len(str(self.root)) + len("/spool/node9999/node9999_12345678.4294967291")
+        name = "n" * max(8, self.node_name_len)
+        longest = len(str(self.root)) + len(f"/spool/{name}/{name}_12345678.4294967291")
         return self.root if longest <= MAX_SOCKET_PATH else self.short_root
 
     @property

@@ -159,3 +159,28 @@ def test_render_conf_like_parallelcluster_keeps_no_completion_log(tmp_path):
     lines = LocalSlurmCluster(tmp_path, nodes=1, jobcomp="none", min_job_age=2).render_conf(1, [2]).splitlines()
     assert "JobCompType=jobcomp/none" in lines and "MinJobAge=2" in lines
     assert not any(line.startswith("JobCompLoc") for line in lines)
+
+
+def test_node_groups_render_their_own_shapes_partitions_and_gres(tmp_path):
+    from clustertrain.launch.slurm_cluster import NodeGroup
+
+    groups = [NodeGroup("gpu", "gpu-st-p5e-", 3, 192, 1992294, 8, "h200"), NodeGroup("cpu", "cpu-dy-c6i-", 2, 16)]
+    cluster = LocalSlurmCluster(tmp_path / "s", groups=groups)
+    assert cluster.node_names == ["gpu-st-p5e-1", "gpu-st-p5e-2", "gpu-st-p5e-3", "cpu-dy-c6i-1", "cpu-dy-c6i-2"]
+    text = cluster.render_conf(1, [2, 3, 4, 5, 6])
+    assert "NodeName=gpu-st-p5e-2 " in text and "CPUs=192" in text and "RealMemory=1992294 Gres=gpu:h200:8" in text
+    assert "PartitionName=gpu Nodes=gpu-st-p5e-[1-3] Default=YES" in text
+    assert "PartitionName=cpu Nodes=cpu-dy-c6i-[1-2] MaxTime" in text
+    cpu_line = next(ln for ln in text.splitlines() if ln.startswith("NodeName=cpu-dy-c6i-1 "))
+    assert "Gres=" not in cpu_line and "CPUs=16" in cpu_line
+
+
+def test_long_node_names_move_the_sockets_to_the_short_link(tmp_path):
+    from clustertrain.launch.slurm_cluster import NodeGroup
+
+    root = Path("/tmp/ct-rehearse-abcdefgh/slurm")  # 31 characters: fine for node1, not for ParallelCluster's names
+    assert LocalSlurmCluster(root, nodes=2).paths.socket_root == root
+    long = LocalSlurmCluster(root, groups=[NodeGroup("gpu-queue", "gpu-queue-st-p5e-48xlarge-", 80, 192)])
+    assert long.paths.socket_root == long.paths.short_root
+    name = "gpu-queue-st-p5e-48xlarge-80"
+    assert len(f"{long.paths.slurmd_spool}/{name}/{name}_123456.4294967291") <= 107  # job ids up to 6 digits

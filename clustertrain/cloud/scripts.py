@@ -28,28 +28,29 @@ if TYPE_CHECKING:
 TEMPLATES = Path(__file__).with_name("templates")
 
 
-def model_dirs(project: "Project") -> list[str]:
+def model_dirs(project: "Project", allow_off_mount: bool = False) -> list[str]:
     """Every directory setup-dirs.sh creates, parents before children: exactly the directories the
-    project's jobs use (:func:`clustertrain.layout.project_dirs`)."""
+    project's jobs use (:func:`clustertrain.layout.project_dirs`). A directory off the shared file systems is
+    refused, unless ``allow_off_mount`` (the rehearsal runs such a project to show where it breaks)."""
     aws = require_aws(project)
     if not aws.layout():
         raise ConfigError("aws.fsx (or aws.ebs) is empty: there is no shared file system to lay out; add at least one")
-    problems = off_mount_problems(project)
+    problems = [] if allow_off_mount else off_mount_problems(project)
     if problems:
         field, message = problems[0]
         raise ConfigError(f"{field}: {message}")
     return project_dirs(project)
 
 
-def render_node_scripts(project: "Project") -> dict[str, str]:
-    """File name -> script text."""
+def render_node_scripts(project: "Project", allow_off_mount: bool = False) -> dict[str, str]:
+    """File name -> script text (``allow_off_mount``: see :func:`model_dirs`)."""
     aws = require_aws(project)
     owner, group = dir_owner(aws)
     mounts = sorted(set(aws.layout().values()), key=lambda d: (d.count("/"), d))
     common = {"project": project.name, "timeout": int(aws.shared_dirs.mount_timeout_s)}
     return {
         SETUP_DIRS_SCRIPT: render(TEMPLATES, "setup-dirs.sh.j2", **common, owner=owner, group=group,
-                                  mode=aws.shared_dirs.mode, mounts=mounts, dirs=model_dirs(project)),
+                                  mode=aws.shared_dirs.mode, mounts=mounts, dirs=model_dirs(project, allow_off_mount)),
         HEAD_SCRIPT: render(TEMPLATES, "head-node.sh.j2", **common, scripts_uri=scripts_uri(project)),
         COMPUTE_SCRIPT: render(TEMPLATES, "compute-node.sh.j2", **common, local_dir=aws.enroot.local_dir),
     }

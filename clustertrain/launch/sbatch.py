@@ -75,6 +75,9 @@ class SbatchRequest:
     srun_args: tuple[str, ...] = ()
     submit_command: str = "clustertrain submit"
     version: str = __version__
+    #: what each rank runs; empty: ``python -m clustertrain train --run-dir RUN_DIR --model MODEL`` (the rehearsal
+    #: swaps in its payload here and nowhere else)
+    rank_command: tuple[str, ...] = ()
 
     @property
     def output(self) -> str:
@@ -229,5 +232,7 @@ def srun_command(request: SbatchRequest) -> list[str]:
                  f"--container-env={','.join(request.container_env)}",
                  f"--container-workdir={request.run_dir}", "--no-container-mount-home"]
     argv += list(request.srun_args)
+    if request.rank_command:
+        return argv + list(request.rank_command)
     argv += [request.python, "-m", "clustertrain", "train", "--run-dir", str(request.run_dir), "--model", request.model]
     return argv

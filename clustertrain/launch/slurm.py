@@ -146,10 +146,11 @@ class SlurmLauncher:
         return build_request(project, spec.entry, spec.paths.root, launch=self.launch, job_name=job_name, nodes=nodes,
                              submit_command=self.submit_command)
 
-    def submit_request(self, paths: RunPaths, request: SbatchRequest) -> str:
-        """Write the script of ``request``, sbatch it, record the job; return the job id."""
+    def submit_request(self, paths: RunPaths, request: SbatchRequest, text: str | None = None) -> str:
+        """Write the script of ``request`` (``text``: that script as already rendered), sbatch it, record the job;
+        return the job id."""
         script = new_script_path(paths)
-        write_atomic(script, render_script(request))
+        write_atomic(script, render_script(request) if text is None else text)
         request.log_dir.mkdir(parents=True, exist_ok=True)  # Slurm does not create the output directory
         proc = self._client(["sbatch", "--parsable", f"--chdir={paths.root}", str(script)])
         job_id = proc.stdout.strip().split(";")[0]

@@ -22,6 +22,7 @@ from clustertrain.cli import image as image_cli
 from clustertrain.cli import jobs as jobs_cli
 from clustertrain.cli import local_slurm as local_slurm_cli
 from clustertrain.cli import plan as plan_cli
+from clustertrain.cli import rehearse as rehearse_cli
 from clustertrain.cli import run as run_cli
 from clustertrain.cli import storage as storage_cli
 from clustertrain.cli import validate as validate_cli
@@ -32,6 +33,7 @@ run_cli.register(app)
 jobs_cli.register(app)
 app.command("plan")(plan_cli.plan_command)
 app.command("check")(check_cli.check_command)
+app.command("rehearse")(rehearse_cli.rehearse_command)
 app.add_typer(config_cli.app, name="config")
 app.add_typer(data_cli.app, name="data")
 app.add_typer(cluster_cli.app, name="cluster")

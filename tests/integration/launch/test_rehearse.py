@@ -1,0 +1,157 @@
+"""`clustertrain rehearse` for real: Slurm (slurmd -N per node, fake GPU gres), one mount namespace per node, the
+project's own node scripts in ParallelCluster's boot order, every model's real batch script, 8 ranks per node.
+
+Doubles: the GPUs (character devices Slurm hands out; no CUDA behind them), Pyxis (its flags are recorded, not
+applied), S3 for the node scripts (``aws s3 cp`` served from the rehearsal's copy of the upload), EFA devices.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from clustertrain.errors import LaunchError
+from clustertrain.launch.rehearsal.run import RehearseOptions, rehearse
+from clustertrain.project import load_project, validate_project
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[3]
+FLAGSHIP = ROOT / "examples" / "p5e-80x7.yaml"
+
+
+@pytest.fixture(autouse=True)
+def _root_and_slurm():
+    if os.geteuid() != 0:
+        pytest.skip("the rehearsal needs root (mount namespaces, slurmd as SlurmUser=root)")
+
+
+def small_project(nodes: int = 5, pins: tuple[int, ...] = (2, 3), **storage: str):
+    """The flagship, cut down: ``len(pins)`` models pinned to those node counts on a queue of ``nodes``."""
+    raw = yaml.safe_load(FLAGSHIP.read_text())
+    first = raw["models"][0]
+    training = dict(first["training"], global_batch=48)  # a multiple of dp = 8, 16 and 24 ranks
+    raw["models"] = [dict(first, name=f"model-{i + 1}", plan={"nodes": n}, training=training) for i, n in enumerate(pins)]
+    raw["aws"]["queues"][0]["max_count"] = nodes
+    raw["plan"]["cluster_nodes"] = nodes
+    raw["cluster"]["nodes"] = min(nodes, raw["cluster"]["nodes"])
+    raw["storage"].update(storage)
+    return validate_project(raw, source="small copy of p5e-80x7")
+
+
+def surviving(rdir: Path) -> tuple[list[int], list[str]]:
+    """Processes whose command line or Slurm config names ``rdir``, and mounts under it in ANY mount namespace."""
+    import psutil
+
+    text, procs, mounts = str(rdir), [], set()
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if any(text in a for a in p.info["cmdline"] or []) or p.environ().get("SLURM_CONF", "").startswith(text):
+                procs.append(p.pid)
+            with open(f"/proc/{p.pid}/mountinfo") as f:
+                mounts |= {line.split()[4] for line in f if text in line}
+        except (psutil.Error, OSError):
+            continue
+    return procs, sorted(mounts)
+
+
+def check(report, name):
+    return next(c for c in report.checks if c.name == name)
+
+
+def test_flagship_rehearses_80_nodes_and_seven_concurrent_models(tmp_path):
+    rdir = tmp_path / "r"
+    report = rehearse(load_project(FLAGSHIP), RehearseOptions(dir=rdir))
+    failed = {c.name: c.details for c in report.failed}
+    assert report.ok, failed
+    assert (report.nodes, report.gpus) == (80, 640)
+    assert [(j["model"], j["planned_nodes"], j["nodes"], j["state"]) for j in report.jobs] == \
+        [(f"model-{i}", 11, 11, "RUNNING") for i in range(1, 7)] + [("model-7", 14, 14, "RUNNING")]
+    assert surviving(rdir) == ([], [])
+
+
+def test_storage_off_the_fsx_mounts_fails_the_shared_storage_check(tmp_path):
+    rdir = tmp_path / "r"
+    report = rehearse(small_project(runs="/data/runs"), RehearseOptions(dir=rdir))
+    assert check(report, "booted").ok
+    dirs, paths = check(report, "dirs"), check(report, "paths")
+    assert dirs.ok is False and any("/data/runs/p5e-80x7/model-1" in d for d in dirs.details), dirs.details
+    assert paths.ok is False and any("/data/runs/p5e-80x7/model-1" in d for d in paths.details), paths.details
+    assert surviving(rdir) == ([], [])
+
+
+def test_compute_script_moved_to_on_node_start_fails_the_boot_and_names_it(tmp_path):
+    def move(config: dict) -> dict:
+        queue = config["Scheduling"]["SlurmQueues"][0]
+        queue["CustomActions"] = {"OnNodeStart": queue["CustomActions"].pop("OnNodeConfigured")}
+        return config
+
+    rdir = tmp_path / "r"
+    report = rehearse(small_project(nodes=3, pins=(1, 2)), RehearseOptions(dir=rdir, edit_config=move))
+    booted = check(report, "booted")
+    assert booted.ok is False
+    text = " ".join(booted.details)
+    assert "OnNodeStart" in text and "compute-node.sh" in text and "not mounted" in text, booted.details
+    assert check(report, "concurrent").ok is None  # no job was submitted
+    assert report.jobs == []
+    assert surviving(rdir) == ([], [])
+
+
+def test_oversubscribed_plan_reports_the_pending_model_and_slurms_reason(tmp_path):
+    rdir = tmp_path / "r"
+    report = rehearse(small_project(nodes=5, pins=(2, 2, 2)), RehearseOptions(dir=rdir, settle_s=2.0))
+    concurrent = check(report, "concurrent")
+    assert concurrent.ok is False
+    assert any("model-3" in d and "Resources" in d for d in concurrent.details), concurrent.details
+    states = {j["model"]: (j["state"], j["reason"]) for j in report.jobs}
+    assert states["model-1"][0] == states["model-2"][0] == "RUNNING"
+    assert states["model-3"] == ("PENDING", "Resources")
+    assert surviving(rdir) == ([], [])
+
+
+def test_script_without_gpu_directive_fails_the_gpu_check_and_a_leaked_key_fails_secrets(tmp_path, monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-a-real-key-but-named-like-one")
+    drop = lambda text: "\n".join(ln for ln in text.splitlines() if not ln.startswith("#SBATCH --gpus-per-node"))  # noqa: E731
+    rdir = tmp_path / "r"
+    report = rehearse(small_project(nodes=2, pins=(1, 1)), RehearseOptions(dir=rdir, edit_script=drop))
+    one_gpu = check(report, "one_gpu")
+    assert one_gpu.ok is False and any("CUDA_VISIBLE_DEVICES" in d for d in one_gpu.details), one_gpu.details
+    secrets = check(report, "secrets")
+    assert secrets.ok is False and any("AWS_SECRET_ACCESS_KEY" in d for d in secrets.details), secrets.details
+    assert "not-a-real-key" not in str(report.as_dict())
+    assert check(report, "rendezvous").ok and check(report, "world").ok
+    assert surviving(rdir) == ([], [])
+
+
+@pytest.mark.parametrize("project, args, expected", [
+    (ROOT / "examples" / "quickstart.yaml", [], "cluster.backend is 'local'"),
+    (FLAGSHIP, ["--nodes", "500"], "at most 200"),
+    (FLAGSHIP, ["--set", "models.6.parallelism.zero_stage=0"], "the plan does not fit"),
+    (FLAGSHIP, ["--set", "models.6.plan.nodes=81"], "more nodes than the cluster has"),
+])
+def test_bad_input_is_one_line_exit_2(tmp_path, project, args, expected):
+    rdir = tmp_path / "r"
+    proc = subprocess.run([sys.executable, "-m", "clustertrain", "rehearse", str(project), "--dir", str(rdir), *args],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and expected in lines[0], proc.stderr
+    assert not rdir.exists()
+    assert surviving(rdir) == ([], [])
+
+
+def test_busy_rendezvous_port_is_refused_before_anything_starts(tmp_path):
+    from clustertrain.ranks import port_for_job
+
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # earlier rehearsals may leave it in TIME_WAIT
+        taken.bind(("127.0.0.1", port_for_job(1)))
+        taken.listen()
+        with pytest.raises(LaunchError, match=f"port {port_for_job(1)}"):
+            rehearse(small_project(nodes=2, pins=(1, 1)), RehearseOptions(dir=tmp_path / "r"))
+    assert not (tmp_path / "r").exists()

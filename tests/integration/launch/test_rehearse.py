@@ -155,3 +155,30 @@ def test_busy_rendezvous_port_is_refused_before_anything_starts(tmp_path):
         with pytest.raises(LaunchError, match=f"port {port_for_job(1)}"):
             rehearse(small_project(nodes=2, pins=(1, 1)), RehearseOptions(dir=tmp_path / "r"))
     assert not (tmp_path / "r").exists()
+
+
+def test_a_differently_shaped_project_two_queues_dynamic_nodes_ubuntu(tmp_path):
+    """Not the flagship's shape: p4d (A100) nodes without a reservation (ParallelCluster's dynamic -dy- nodes), a
+    second CPU queue, Ubuntu's default user, two models of 2 nodes on a queue of 4."""
+    raw = yaml.safe_load(FLAGSHIP.read_text())
+    first = raw["models"][0]
+    layout = dict(first["parallelism"], reshard_after_forward=True)  # 38.7 GiB per A100 40GB otherwise
+    raw["models"] = [dict(first, name=f"m{i}", plan={"nodes": 2}, parallelism=layout,
+                          training=dict(first["training"], global_batch=32)) for i in (1, 2)]
+    raw["cluster"].update(instance_type="p4d.24xlarge", partition="train", nodes=2)
+    raw["plan"] = {"cluster_nodes": 4}
+    raw["storage"]["region"] = raw["aws"]["region"] = "us-east-1"
+    raw["aws"].update(os="ubuntu2204", availability_zone="us-east-1a", queues=[
+        {"name": "train", "instance_type": "p4d.24xlarge", "max_count": 4, "capacity_type": "ONDEMAND"},
+        {"name": "cpu", "instance_type": "c6i.4xlarge", "max_count": 2, "capacity_type": "ONDEMAND"}])
+    rdir = tmp_path / "r"
+    report = rehearse(validate_project(raw, source="two queues"), RehearseOptions(dir=rdir, keep=False))
+    assert report.ok, {c.name: c.details for c in report.failed}
+    assert (report.nodes, report.gpus) == (6, 32)
+    assert [(j["model"], j["nodes"], j["state"]) for j in report.jobs] == [("m1", 2, "RUNNING"), ("m2", 2, "RUNNING")]
+    boots = {p.stem for p in (rdir / "boot").glob("*.json")} - {"spec"}
+    assert boots == {"head", *(f"train-dy-p4d-24xlarge-{i}" for i in range(1, 5)), "cpu-dy-c6i-4xlarge-1",
+                     "cpu-dy-c6i-4xlarge-2"}
+    head_log = (rdir / "boot" / "head" / "OnNodeConfigured-head-node.sh.log").read_text()
+    assert "owner ubuntu:ubuntu" in head_log  # setup-dirs.sh ran with Ubuntu's default user, which the node has
+    assert surviving(rdir) == ([], [])

@@ -12,6 +12,8 @@ The node's file systems (nothing outside the rehearsal directory ``R`` is writte
   ``/dev`` are this machine's (recursive binds); ``/tmp`` and ``/run`` are fresh tmpfs; a path that does
   not exist here (``/fsx``) is a directory of the node's own root. ``R`` itself is bound at its own path:
   the emulation's shared infrastructure (Slurm's state, as ``/opt/slurm`` is NFS-shared on a real cluster).
+  The interpreter and the clustertrain installation running the rehearsal (the node's software, as the AMI or
+  the image has it) are bound read-only at their paths when they lie in ``/tmp`` or ``/run`` (``software``).
 * In the ``config`` phase (never before): the instance store as a tmpfs at the queue's
   ``EphemeralVolume.MountDir``, each shared file system (``SharedStorage`` ``MountDir``) bound from its one
   directory ``R/shared/<name>``, and ``/home`` from ``R/shared/home`` (ParallelCluster exports the head node's
@@ -29,6 +31,7 @@ Spec (``R/boot/spec.json``, written by the rehearsal)::
     {"version": 1, "dir": R, "timeout_s": int, "path": "PATH for the scripts",
      "env": {"NAME": "value"},                      # the scripts' environment (CLUSTERTRAIN_MOUNT_TIMEOUT_S...)
      "links": {"/tmp/ct-slurm-x": "R/slurm"},       # symlinks recreated in each node's /tmp
+     "software": ["/tmp/x/.venv", ...],             # directories bound read-only (see above)
      "user": {"name": "ec2-user", "uid": 1000},     # the OS default user (null: none)
      "shared": [{"name": "fsx-data", "source": "R/shared/fsx-data", "target": "/fsx/data"}],
      "nodes": {"NODE": "KIND"},
@@ -53,7 +56,7 @@ import subprocess
 import sys
 import time
 
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_BIND, MS_REC = 1, 2, 4, 4096, 16384
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 32, 4096, 16384
 HOOKS = ("OnNodeStart", "OnNodeConfigured")
 _LIBC = ctypes.CDLL(None, use_errno=True)
 
@@ -99,6 +102,10 @@ def build_root(spec: dict, node: str) -> str:
         elif entry.is_file():
             open(target, "w").close()
             mount(entry.path, target, None, MS_BIND)
+    for path in spec.get("software", []):  # this machine's clustertrain and its interpreter, when under /tmp or /run
+        os.makedirs(root + path, exist_ok=True)
+        mount(path, root + path, None, MS_BIND | MS_REC)
+        mount(path, root + path, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
     inside = root + rdir
     os.makedirs(inside, exist_ok=True)
     mount(rdir, inside, None, MS_BIND)

@@ -59,7 +59,7 @@ class RehearsalReport:
     gpus: int
     wall_s: float
     checks: list[Check]
-    jobs: list[dict] = field(default_factory=list)     # per model: job id, planned nodes, placed nodes, state, reason
+    jobs: list[dict] = field(default_factory=list)     # per model: model, job_id, planned_nodes, nodes (placed), state, reason
     kept: str | None = None                            # the rehearsal directory when --keep left it running
 
     @property

@@ -152,9 +152,22 @@ def _layout(rdir: Path, project: "Project", shape: Shape, cluster: RehearsalClus
     spec = {"version": 1, "dir": str(rdir), "timeout_s": opts.mount_timeout_s,
             "path": f"{rdir / 'bin'}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "env": {"CLUSTERTRAIN_MOUNT_TIMEOUT_S": str(opts.mount_timeout_s), "SLURM_CONF": str(p.conf)},
-            "links": links, "user": {"name": shape.user, "uid": 1000} if shape.user else None,
+            "links": links, "software": software_dirs(), "user": {"name": shape.user, "uid": 1000} if shape.user else None,
             "shared": shared, "nodes": nodes, "kinds": kinds, "record": str(p.record)}
     write_atomic(cluster.spec_path, json.dumps(spec, indent=1))
+
+
+def software_dirs() -> list[str]:
+    """The interpreter and clustertrain running the rehearsal, where a node's fresh /tmp or /run would hide them
+    (a checkout or virtual environment under /tmp): the outermost of those directories."""
+    import sys
+
+    import clustertrain
+
+    found = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable)),
+                                            str(Path(clustertrain.__file__).resolve().parents[1]))}
+    hidden = sorted(p for p in found if p.startswith(("/tmp/", "/run/")))
+    return [p for p in hidden if not any(p != q and p.startswith(q + "/") for q in hidden)]
 
 
 def _q(text: str) -> str:
@@ -357,7 +370,7 @@ def rehearse(project: "Project", opts: RehearseOptions | None = None, log: Calla
             reap(rdir)
             if created:
                 shutil.rmtree(rdir, ignore_errors=True)
-    jobs = [{"model": j.model, "job_id": j.job_id, "planned_nodes": j.planned_nodes, "nodes": len(j.nodes),
+    jobs = [{"model": j.model, "job_id": j.job_id, "planned_nodes": j.planned_nodes, "nodes": list(j.nodes),
              "state": j.snapshot_state or ("NOT SUBMITTED" if j.submit_error else None), "reason": j.reason}
             for j in obs.jobs]
     gpus = sum(g.count * g.gpus for g in shape.groups)

@@ -70,7 +70,7 @@ def test_flagship_rehearses_80_nodes_and_seven_concurrent_models(tmp_path):
     failed = {c.name: c.details for c in report.failed}
     assert report.ok, failed
     assert (report.nodes, report.gpus) == (80, 640)
-    assert [(j["model"], j["planned_nodes"], j["nodes"], j["state"]) for j in report.jobs] == \
+    assert [(j["model"], j["planned_nodes"], len(j["nodes"]), j["state"]) for j in report.jobs] == \
         [(f"model-{i}", 11, 11, "RUNNING") for i in range(1, 7)] + [("model-7", 14, 14, "RUNNING")]
     assert surviving(rdir) == ([], [])
 
@@ -175,10 +175,24 @@ def test_a_differently_shaped_project_two_queues_dynamic_nodes_ubuntu(tmp_path):
     report = rehearse(validate_project(raw, source="two queues"), RehearseOptions(dir=rdir, keep=False))
     assert report.ok, {c.name: c.details for c in report.failed}
     assert (report.nodes, report.gpus) == (6, 32)
-    assert [(j["model"], j["nodes"], j["state"]) for j in report.jobs] == [("m1", 2, "RUNNING"), ("m2", 2, "RUNNING")]
+    assert [(j["model"], len(j["nodes"]), j["state"]) for j in report.jobs] == [("m1", 2, "RUNNING"), ("m2", 2, "RUNNING")]
+    assert all("-dy-" in n for j in report.jobs for n in j["nodes"])
     boots = {p.stem for p in (rdir / "boot").glob("*.json")} - {"spec"}
     assert boots == {"head", *(f"train-dy-p4d-24xlarge-{i}" for i in range(1, 5)), "cpu-dy-c6i-4xlarge-1",
                      "cpu-dy-c6i-4xlarge-2"}
     head_log = (rdir / "boot" / "head" / "OnNodeConfigured-head-node.sh.log").read_text()
     assert "owner ubuntu:ubuntu" in head_log  # setup-dirs.sh ran with Ubuntu's default user, which the node has
     assert surviving(rdir) == ([], [])
+
+
+def test_cli_prints_json_and_exits_1_when_a_check_fails(tmp_path):
+    """Seven models on a 2-node queue: they fit one by one, not together; the report says so, as JSON."""
+    proc = subprocess.run([sys.executable, "-m", "clustertrain", "rehearse", str(FLAGSHIP), "--nodes", "2", "--json"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    report = __import__("json").loads(proc.stdout)
+    assert (report["ok"], report["nodes"], report["gpus"]) == (False, 2, 16)
+    failed = [c["name"] for c in report["checks"] if c["ok"] is False]
+    assert failed == ["concurrent"], report["checks"]
+    states = [j["state"] for j in report["jobs"]]
+    assert states.count("RUNNING") == 1 and states.count("PENDING") == 6

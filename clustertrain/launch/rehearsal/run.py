@@ -65,7 +65,6 @@ ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
 
 @dataclass
 class RehearseOptions:
-    nodes: int | None = None            # --nodes: resize the job partition (applied by the caller: shape.with_nodes)
     keep: bool = False                  # leave the cluster running and the directory in place
     dir: Path | None = None             # the rehearsal directory (default: a new temporary one)
     mount_timeout_s: int = 2            # CLUSTERTRAIN_MOUNT_TIMEOUT_S for the node scripts
@@ -123,7 +122,7 @@ def plan_nodes(project: "Project") -> dict[str, int]:
     return nodes_for(project, plan)
 
 
-def _layout(rdir: Path, project: "Project", shape: Shape, cluster: RehearsalCluster, opts: RehearseOptions) -> None:
+def _layout(rdir: Path, shape: Shape, cluster: RehearsalCluster, opts: RehearseOptions) -> None:
     from clustertrain.rundir import write_atomic
 
     for name in ("boot", "s3", "bin", "shared/home", "jobs", "records", "holding"):
@@ -345,7 +344,7 @@ def rehearse(project: "Project", opts: RehearseOptions | None = None, log: Calla
     obs = Observed(nodes=cluster.node_names)
     kept = None
     try:
-        _layout(rdir, project, shape, cluster, opts)
+        _layout(rdir, shape, cluster, opts)
         log(f"booting the head node and {shape.node_count} compute nodes in {rdir}")
         try:
             cluster.up()

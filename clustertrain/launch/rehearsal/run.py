@@ -76,11 +76,19 @@ class RehearseOptions:
     edit_script: Callable[[str], str] | None = None     # test hook: change each batch script before sbatch
 
 
-def preflight(project: "Project", shape: Shape, nodes: dict[str, int]) -> None:
-    """Step 1 of the module docstring (everything but the plan)."""
+def require_slurm(project: "Project") -> None:
     if project.cluster.backend != "slurm":
         raise LaunchError(f"cluster.backend is {project.cluster.backend!r}: `clustertrain rehearse` rehearses Slurm "
                           "submissions; set cluster.backend: slurm (or --set cluster.backend=slurm)")
+
+
+def preflight(project: "Project", shape: Shape, nodes: dict[str, int], directory: Path | None = None) -> None:
+    """Step 1 of the module docstring (everything but the plan); ``directory``: the ``--dir`` asked for."""
+    require_slurm(project)
+    if directory is not None and directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
+        raise LaunchError(f"--dir {directory} exists and is not an empty directory: name a new one (a rehearsal "
+                          "starts from nothing; stop a kept one with `clustertrain local-slurm down --state-dir "
+                          f"{directory}/slurm` and remove it)")
     if shape.node_count > MAX_NODES:
         raise LaunchError(f"the cluster has {shape.node_count} nodes; one machine emulates at most {MAX_NODES}: "
                           f"rehearse a smaller copy with --nodes {MAX_NODES} or fewer")
@@ -326,14 +334,13 @@ def rehearse(project: "Project", opts: RehearseOptions | None = None, log: Calla
 
     opts = opts or RehearseOptions()
     start = time.monotonic()
-    if project.cluster.backend != "slurm":
-        preflight(project, Shape((), (), {}, None), {})
+    require_slurm(project)
     config = build_cluster_config(project)
     if opts.edit_config is not None:
         config = opts.edit_config(config)
     shape = cluster_shape(project, config)
     nodes = plan_nodes(project)
-    preflight(project, shape, nodes)
+    preflight(project, shape, nodes, None if opts.dir is None else Path(opts.dir).absolute())
     created = opts.dir is None
     # a short name: Slurm's step sockets (<dir>/slurm/spool/<node>/<node>_<job>.<step>) must fit in 107 bytes
     rdir = Path(tempfile.mkdtemp(prefix="ctr-")) if created else Path(opts.dir).absolute()

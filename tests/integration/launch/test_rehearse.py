@@ -145,6 +145,14 @@ def test_bad_input_is_one_line_exit_2(tmp_path, project, args, expected):
     assert surviving(rdir) == ([], [])
 
 
+def test_a_used_rehearsal_directory_is_refused(tmp_path):
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "records").mkdir()
+    with pytest.raises(LaunchError, match="is not an empty directory"):
+        rehearse(small_project(nodes=2, pins=(1, 1)), RehearseOptions(dir=tmp_path / "r"))
+    assert [p.name for p in (tmp_path / "r").iterdir()] == ["records"]
+
+
 def test_busy_rendezvous_port_is_refused_before_anything_starts(tmp_path):
     from clustertrain.ranks import port_for_job
 

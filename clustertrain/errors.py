@@ -32,3 +32,10 @@ class LaunchError(ClusterTrainError):
 
 class ImageError(ClusterTrainError):
     """The training image cannot be rendered, built or checked as asked (bad pin, missing tool, existing image...)."""
+
+
+class TrainingError(ClusterTrainError):
+    """Training itself went wrong in a way a person must act on (a non-finite loss): the run stops with one line
+    naming the step and the last good checkpoint. Exit 1: the input was fine, the run failed."""
+
+    exit_code = 1

@@ -45,6 +45,7 @@ from clustertrain.data.config import DataConfig
 from clustertrain.errors import ConfigError
 from clustertrain.image.config import ImageConfig
 from clustertrain.launch.config import LaunchConfig
+from clustertrain.monitor.config import MonitorConfig
 from clustertrain.plan.config import ModelPlanConfig, PlanConfig
 from clustertrain.schema import StrictModel, read_yaml, validate_model
 from clustertrain.train.config import ArchConfig, ParallelismConfig, TrainingConfig
@@ -212,6 +213,8 @@ class Project(StrictModel):
     models: list[ModelEntry] = Field(..., min_length=1, description="Models to train (several can share one cluster).")
     plan: PlanConfig = Field(default_factory=PlanConfig, description="Planner settings (clustertrain plan).")
     launch: LaunchConfig = Field(default_factory=LaunchConfig, description="How Slurm jobs are submitted (clustertrain submit).")
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig, description="Node sampler, per-rank step timing and "
+                                   "alarms while training (clustertrain status / report).")
     aws: AwsConfig | None = Field(None, description="AWS ParallelCluster and infrastructure settings (clustertrain cluster ...).")
     image: ImageConfig | None = Field(
         None, description="The training image (clustertrain image render / build / check). With it and no "

@@ -18,6 +18,11 @@ is :mod:`clustertrain.layout`'s rule.
       jobs.jsonl            one record per submitted Slurm job (Slurm backend; see clustertrain.launch.jobs)
       COMPLETED             empty marker: training reached its last step (written after status.json, removed when the
                             ranks start; clustertrain.runstate)
+      events.jsonl          rank 0's alarms (non-finite loss, loss spike, throughput drop, straggler), one JSON per line
+      timing/rank<R>.jsonl  each rank's data / compute / comm time per logged step
+      usage.json            one record per start of the ranks: when, where, how many GPUs (GPU-hours and cost)
+      monitor/<node>.csv    the node sampler's GPU and host samples (clustertrain.monitor.samples); beside it
+                            <node>.events.jsonl, the sampler's GPU events (formats: clustertrain.monitor.records)
       jobs/                 the batch script of each submission, kept as submitted, and <job id>.end: the state the
                             batch script recorded when the job ended (clustertrain.launch.jobs)
 
@@ -28,6 +33,7 @@ writer's ``clustertrain`` version): :mod:`clustertrain.runstate`.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,10 +79,40 @@ class RunPaths:
         return self.root / "jobs.jsonl"
 
     @property
+    def events(self) -> Path:
+        return self.root / "events.jsonl"
+
+    @property
+    def timing(self) -> Path:
+        return self.root / "timing"
+
+    def rank_timing(self, rank: int) -> Path:
+        return self.timing / f"rank{rank}.jsonl"
+
+    @property
+    def usage(self) -> Path:
+        return self.root / "usage.json"
+
+    @property
+    def monitor(self) -> Path:
+        return self.root / "monitor"
+
+    def node_samples(self, node: str) -> Path:
+        return self.monitor / f"{safe_node(node)}.csv"
+
+    def node_events(self, node: str) -> Path:
+        return self.monitor / f"{safe_node(node)}.events.jsonl"
+
+    @property
     def completed(self) -> Path:
         """Empty marker file: present exactly when training reached its last step (the batch script
         tests ``[ -e "$RUN_DIR/COMPLETED" ]`` to decide whether to requeue)."""
         return self.root / "COMPLETED"
+
+
+def safe_node(node: str) -> str:
+    """A node name as a file name (host names already are; anything else becomes ``_``)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", node) or "node"
 
 
 def write_atomic(path: Path, data: str | bytes, mode: int | None = None) -> None:

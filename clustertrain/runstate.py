@@ -22,8 +22,10 @@ was recorded). Writers write ``model_dump_json()`` with :func:`~clustertrain.run
      "backups": [{"checkpoint": "step_00000200", "url": "s3://b/ckpt/p/tiny/step_00000200", "state": "verified",
                   "started": 1795000090.0, "finished": 1795000100.0, "seconds": 10.0, "error": null}]}
 
-``state`` is ``COMPLETED`` (training reached ``max_steps``) or ``STOPPED`` (a stop signal came first; the
-run resumes from ``checkpoint``), spelled as :class:`clustertrain.states.State`; files from before read
+``state`` is ``RUNNING`` (written by rank 0 when the ranks start), then ``COMPLETED`` (training reached
+``max_steps``), ``STOPPED`` (a stop signal came first; the run resumes from ``checkpoint``) or ``FAILED`` (written
+by rank 0 when training itself failed, e.g. a non-finite loss, or by the local launcher when a rank died;
+``message`` says why), spelled as :class:`clustertrain.states.State`; files from before read
 their lower-case ``"completed"``/``"stopped"``. The backup fields are explained in
 :mod:`clustertrain.train.backup`; a backup's ``state`` is a :class:`BackupState`, not a run state.
 
@@ -41,6 +43,7 @@ cannot validate at all fails with one line naming both versions and the fix.
 from __future__ import annotations
 
 import json
+import time
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
@@ -139,11 +142,12 @@ class BackupRecord(StoredModel):
 class RunStatus(StoredRecord):
     """``status.json``: how the last run of the ranks ended."""
 
-    state: State = Field(..., description="COMPLETED or STOPPED.")
+    state: State = Field(..., description="RUNNING (written when the ranks start), then COMPLETED, STOPPED or FAILED.")
     step: int = Field(0, description="Last step trained.")
     signal: str | None = Field(None, description="The stop signal's name (STOPPED).")
     checkpoint: str | None = Field(None, description="The last complete checkpoint.")
     pid: int | None = Field(None, description="Rank 0's process id.")
+    message: str | None = Field(None, description="FAILED: why, in one line.")
     time: float | None = Field(None, description="When it was written (Unix seconds).")
     backup: str | None = Field(None, description="URL of the verified copy of the last checkpoint.")
     backup_state: BackupState | None = Field(None, description="State of the last checkpoint's backup.")
@@ -166,6 +170,18 @@ def write_status_record(paths: RunPaths, status: RunStatus) -> None:
     write_record(paths.status, status)
     if status.state == State.COMPLETED:
         mark_completed(paths)
+
+
+def record_failure(paths: RunPaths, message: str) -> None:
+    """The local launcher saw the ranks fail: ``status.json`` says FAILED with the launcher's one-line reason
+    (it knows which rank died first; rank 0 may only have seen its peer vanish), keeping the step and checkpoint."""
+    try:
+        previous = read_status(paths)
+    except RunDirError:
+        previous = None
+    fields = previous.model_dump(exclude={"state", "message", "time", "version", "clustertrain"}) if previous else {}
+    write_record(paths.status, RunStatus(**{**fields, "state": State.FAILED, "message": message.splitlines()[0],
+                                            "time": time.time()}))
 
 
 def mark_started(paths: RunPaths) -> None:

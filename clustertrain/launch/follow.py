@@ -50,6 +50,8 @@ def follow_local(launcher: LocalLauncher, job_id: str, spec: RunSpec, console: C
 
     def tick() -> None:
         for line in log_tail.read():
+            if line.startswith("error: "):  # a rank's one-line failure: the launcher reports it as the run's, once
+                continue
             progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
         for line in metrics_tail.read():
             try:

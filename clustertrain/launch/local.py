@@ -143,7 +143,7 @@ def _describe_failure(spec: RunSpec, rank: int, code: int) -> str:
     how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
     tail = tail_lines(spec.paths.rank_log(rank), 15)
     errors = [ln for ln in tail if ln.startswith("error: ")]
-    if code == 2 and errors:
+    if errors:  # the entry point prints one `error:` line for a failure it explains (bad input, a diverged run)
         return errors[-1].removeprefix("error: ")
     return f"rank {rank} {how}; last lines of {spec.paths.rank_log(rank)}:\n" + "\n".join("  " + ln for ln in tail)
 

@@ -11,7 +11,6 @@ everything it started) and gets SIGTERM when the launcher dies.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import socket
@@ -20,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
+from clustertrain.processes import die_with_parent
 from clustertrain.ranks import TORCHRUN_VARIABLES, RankInfo
 
 LOCAL_ADDR = "127.0.0.1"
@@ -90,7 +90,4 @@ def reap_ranks(procs: Iterable[subprocess.Popen], grace: float) -> None:
 
 def _die_with_parent() -> None:  # runs in the child before exec
     os.setsid()
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+    die_with_parent()

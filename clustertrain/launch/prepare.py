@@ -23,7 +23,7 @@ from clustertrain.rundir import RunPaths, write_atomic
 from clustertrain.runstate import RunInfo, mark_started, read_run_info, write_record
 from clustertrain.train.checkpoint import check_ownership
 
-ARCHIVED = ("checkpoints", "metrics.jsonl", "tensorboard", "status.json")
+ARCHIVED = ("checkpoints", "metrics.jsonl", "tensorboard", "status.json", "events.jsonl", "timing", "usage.json", "monitor")
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from clustertrain.launch.follow import follow_local
 from clustertrain.launch.local import LocalLauncher
 from clustertrain.launch.prepare import prepare_run, run_dir_for
 from clustertrain.project import Project
-from clustertrain.runstate import read_status
+from clustertrain.runstate import read_status, record_failure
 from clustertrain.states import State
 
 
@@ -45,6 +45,8 @@ def run_project(project: Project, model: str | None, run_dir: Path | None, resum
         launcher = LocalLauncher()
         job = launcher.submit(spec)
         result = follow_local(launcher, job, spec, console)
+        if result.state == State.FAILED:  # the run's final state, written by the job's own launcher
+            record_failure(spec.paths, result.message)
         status = read_status(spec.paths)
         outcome = RunOutcome(entry.name, spec.paths.root, State(result.state), result.exit_code, result.message,
                              status.step if status else None, status.checkpoint if status else None,

@@ -3,8 +3,10 @@
 The same entry point runs under the local launcher (RANK/WORLD_SIZE/... set by it), under
 torchrun, and under ``srun`` (SLURM_PROCID/SLURM_NTASKS/...). It reads ``RUN_DIR/config.yaml``
 (written by the launcher; read leniently, with the version check of
-:func:`clustertrain.runstate.read_resolved_config`), pins the local GPU when there is one, trains,
-and always ends with a barrier and ``destroy_process_group``.
+:func:`clustertrain.runstate.read_resolved_config`), pins the local GPU when there is one, starts the
+node sampler on each node's first rank (:mod:`clustertrain.monitor.sampler`: inside the same container and
+step as the ranks, so it sees their GPUs and ends with them), trains, and ends with a barrier and
+``destroy_process_group`` (not after a failure: see below). Fault injection: :mod:`clustertrain.train.hooks`.
 """
 
 from __future__ import annotations
@@ -19,18 +21,6 @@ from clustertrain.rundir import RunPaths
 from clustertrain.runstate import UNKNOWN_VERSION, read_resolved_config, read_run_info
 
 EXIT_OK = 0
-INJECT_ENV = "CLUSTERTRAIN_INJECT_FAILURE"
-
-
-def injected_failure_step(value: str | None, rank: int) -> int | None:
-    """Failure rehearsal: ``CLUSTERTRAIN_INJECT_FAILURE=rank:step`` makes that rank raise before that step."""
-    if not value:
-        return None
-    try:
-        want_rank, step = (int(x) for x in value.split(":"))
-    except ValueError:
-        raise ConfigError(f"{INJECT_ENV}={value!r}: expected RANK:STEP, e.g. 1:5") from None
-    return step if want_rank == rank else None
 
 
 def load_resolved(paths: RunPaths, rank: int = 0) -> Project:
@@ -48,10 +38,13 @@ def load_resolved(paths: RunPaths, rank: int = 0) -> Project:
 def run_rank(run_dir: Path, model_name: str) -> int:
     import torch
 
+    from clustertrain.monitor.sampler import start_sampler, stop_sampler
     from clustertrain.train.backup import CheckpointBackup
+    from clustertrain.train.hooks import Injections
     from clustertrain.train.distributed import RankEnv, init_process_group, shutdown_process_group
     from clustertrain.train.signals import StopRequest
     from clustertrain.train.trainer import Trainer, write_status
+    from clustertrain.train.watch import node_name
 
     stop = StopRequest().install()
     paths = RunPaths(Path(run_dir))
@@ -77,10 +70,14 @@ def run_rank(run_dir: Path, model_name: str) -> int:
         init_process_group(env, backend)
     # On an exception the group is left as it is (a barrier would wait for peers that are stuck in
     # a collective); the process exits non-zero and the launcher (or srun --kill-on-bad-exit) stops the rest.
-    fail_at = injected_failure_step(os.environ.get(INJECT_ENV), env.rank)
-    backup = CheckpointBackup.for_run(project, entry, log=_log) if env.rank == 0 else None
-    trainer = Trainer(project, entry, paths, env, device, fail_at_step=fail_at, backup=backup)
-    outcome = trainer.fit(stop)
+    injections = Injections.from_environ(env.rank)
+    sampler = start_sampler(paths, node_name(), project.monitor) if env.local_rank == 0 else None  # one per node
+    try:
+        backup = CheckpointBackup.for_run(project, entry, log=_log) if env.rank == 0 else None
+        trainer = Trainer(project, entry, paths, env, device, injections=injections, backup=backup)
+        outcome = trainer.fit(stop)
+    finally:
+        stop_sampler(sampler)
     if env.rank == 0:
         write_status(paths, outcome, backup)
     shutdown_process_group()  # the other ranks exit now; rank 0 waits for its last backup alone

@@ -1,11 +1,14 @@
 """The training loop of one rank: the layout's parallel model (:mod:`clustertrain.train.parallel`),
-grad accumulation, clipping, the learning-rate schedule, checkpoints (sync or async), metrics and a
-graceful stop. Started by :func:`clustertrain.train.entry.main`. The loop does not know which
+grad accumulation, clipping, the learning-rate schedule, checkpoints (sync or async), metrics, per-rank
+step timing (:mod:`clustertrain.train.timing`), alarms and the run's own state (:mod:`clustertrain.train.watch`)
+and a graceful stop. A non-finite gradient norm (or logged loss) stops every rank at that step, before the
+optimizer applies it and without saving it. Started by :func:`clustertrain.train.entry.main`. The loop does not know which
 parallelisms are on: it asks the :class:`~clustertrain.train.parallel.ParallelModel` for a
 micro-batch's forward/backward and the gradient norm."""
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -16,8 +19,9 @@ import torch.distributed as dist
 
 from clustertrain.data import GPTSamples, load_tokenizer, read_manifest
 from clustertrain.data.vocab import check_vocab
-from clustertrain.errors import ConfigError, DataError, RunDirError
+from clustertrain.errors import ConfigError, DataError, RunDirError, TrainingError
 from clustertrain.layout import storage_layout
+from clustertrain.monitor.records import Event, EventKind, Severity
 from clustertrain.project import ModelEntry, Project, architecture_fingerprint
 from clustertrain.rundir import RunPaths
 from clustertrain.runstate import RunStatus, mark_started, read_run_info, write_status_record
@@ -25,6 +29,7 @@ from clustertrain.states import State
 from clustertrain.train.backup import CheckpointBackup, is_due
 from clustertrain.train.checkpoint import CheckpointManager, check_ownership, clean_stale, find_latest, read_meta
 from clustertrain.train.distributed import RankEnv
+from clustertrain.train.hooks import Injections
 from clustertrain.train.layout import LayoutError, ParallelLayout, resolve_layout
 from clustertrain.train.metrics import MetricsWriter, peak_flops_for
 from clustertrain.train.model import flops_per_token, padded_vocab
@@ -33,6 +38,8 @@ from clustertrain.train.parallel import build_parallel_model
 from clustertrain.train.parallel.compile import check_compiler
 from clustertrain.train.signals import StopRequest
 from clustertrain.train.state import TrainState, app_state
+from clustertrain.train.timing import StepTimer
+from clustertrain.train.watch import RunWatch, node_name
 
 
 @dataclass
@@ -42,6 +49,14 @@ class Outcome:
     checkpoint: Path | None
     signal: str | None = None
     backup: str | None = None  # kept for callers; status.json's backup fields come from CheckpointBackup
+
+
+class NonFinite(Exception):
+    """The step's gradient norm or logged loss is NaN or infinite (every rank sees the same value)."""
+
+    def __init__(self, step: int, what: str, value: float):
+        super().__init__(f"non-finite {what} ({value}) at step {step}")
+        self.step, self.what, self.value = step, what, value
 
 
 def log(rank: int, msg: str) -> None:
@@ -59,10 +74,10 @@ def layout_for(project: Project, entry: ModelEntry, world_size: int, on_gpu: boo
 
 class Trainer:
     def __init__(self, project: Project, entry: ModelEntry, paths: RunPaths, env: RankEnv, device: torch.device,
-                 resume: bool = True, fail_at_step: int | None = None, backup: CheckpointBackup | None = None):
+                 resume: bool = True, injections: Injections = Injections(), backup: CheckpointBackup | None = None):
         self.project, self.entry, self.paths, self.env, self.device = project, entry, paths, env, device
         self.cfg = cfg = entry.training
-        self.fail_at_step, self.backup = fail_at_step, backup
+        self.injections, self.backup = injections, backup
         self.layout = layout_for(project, entry, env.world_size, device.type == "cuda")
         self.dp_rank = self.layout.dp_rank(env.rank)
         self.accum = cfg.global_batch // (cfg.micro_batch * self.layout.dp)
@@ -105,6 +120,20 @@ class Trainer:
         )
         peak = peak_flops_for(torch.cuda.get_device_name(device) if device.type == "cuda" else None)
         self.peak_total = peak * env.world_size if peak else None
+        monitor = project.monitor
+        self.nodes = self._node_names()
+        self.timer = StepTimer(env.rank, self.nodes[env.rank], paths.rank_timing(env.rank) if monitor.enabled else None)
+        self._norm_part = "comm" if self.layout.fsdp or self.layout.tp > 1 else "compute"  # DTensor norms all-reduce
+        self.watch = (RunWatch(paths, monitor, self.nodes, env.world_size, env.world_size, self.step)
+                      if env.rank == 0 else None)
+
+    def _node_names(self) -> list[str]:
+        """Every rank's node, by rank (gathered once, on the CPU group)."""
+        if not dist.is_initialized():
+            return [node_name()]
+        names: list[str | None] = [None] * self.env.world_size
+        dist.all_gather_object(names, node_name(), group=self.ctrl)
+        return [str(n) for n in names]
 
     @property
     def step(self) -> int:
@@ -141,27 +170,39 @@ class Trainer:
     def _batch(self, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.cfg
         start = self.step * cfg.global_batch + (self.dp_rank * self.accum + micro) * cfg.micro_batch
+        if self.injections.slow_data_s:
+            time.sleep(self.injections.slow_data_s)
         data = torch.from_numpy(self.samples.batch(start, cfg.micro_batch))
         if self.device.type == "cuda":
             data = data.pin_memory().to(self.device, non_blocking=True)
         return data[:, :-1], data[:, 1:]
 
     def _train_step(self) -> tuple[torch.Tensor, torch.Tensor]:
+        timer = self.timer
         loss_sum = torch.zeros((), device=self.device)
+        scale = float("nan") if self.injections.nan_at_step == self.step + 1 else 1.0 / self.accum
         for micro in range(self.accum):
-            x, y = self._batch(micro)
-            loss_sum += self.pm.forward_backward(x, y, 1.0 / self.accum, sync=micro == self.accum - 1)
-        grad_norm = self.pm.clip_grad_norm_(self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf"))
-        set_lr(self.optimizer, lr_at(self.step, self.cfg))
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+            with timer.part("data"):
+                x, y = self._batch(micro)
+            with timer.part("compute"):
+                loss_sum += self.pm.forward_backward(x, y, scale, sync=micro == self.accum - 1,
+                                                     timed_forward=lambda: timer.forward(self.device))
+        with timer.part(self._norm_part):
+            grad_norm = self.pm.clip_grad_norm_(self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf"))
+        with timer.part("compute"):
+            if not bool(torch.isfinite(grad_norm)):  # the global norm: every rank stops at the same step
+                raise NonFinite(self.step + 1, "gradient norm", float(grad_norm))
+            set_lr(self.optimizer, lr_at(self.step, self.cfg))
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
         return loss_sum, grad_norm
 
     def _agree_stop(self, stop: StopRequest) -> bool:
         """True when some rank had a stop request by the previous step boundary (the same answer on every rank)."""
         if not dist.is_initialized():
             return stop.requested
-        agreed = self._finish_stop_check()
+        with self.timer.part("comm"):
+            agreed = self._finish_stop_check()
         self._stop_flag = torch.tensor([1 if stop.requested else 0], dtype=torch.int32)
         self._stop_work = dist.all_reduce(self._stop_flag, op=dist.ReduceOp.MAX, group=self.ctrl, async_op=True)
         return agreed
@@ -196,12 +237,14 @@ class Trainer:
             self.backup.submit(path)
 
     def _log_row(self, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float, step_time: float) -> None:
-        if dist.is_initialized():
-            dist.all_reduce(loss, op=dist.ReduceOp.SUM)
-            loss /= self.env.world_size  # every rank of a tensor-parallel group holds its dp rank's loss
+        with self.timer.part("comm"):  # counted in the next interval: this one's means travel in the gather
+            losses, timings = self.timer.gather(float(loss), self.ctrl, self.env.world_size)
+        mean_loss = sum(losses) / len(losses)  # every rank of a tensor-parallel group holds its dp rank's loss
+        if not math.isfinite(mean_loss):  # the same gathered value on every rank: they all stop here
+            raise NonFinite(self.step, "loss", mean_loss)
         tps = self.cfg.global_batch * self.entry.model.seq_len / step_time
         row = {
-            "step": self.step, "loss": round(float(loss), 6), "lr": lr, "grad_norm": round(float(grad_norm), 6),
+            "step": self.step, "loss": round(mean_loss, 6), "lr": lr, "grad_norm": round(float(grad_norm), 6),
             "tokens_per_s": round(tps, 1), "step_time_s": round(step_time, 5),
             "mfu": round(self.flops_per_token * tps / self.peak_total, 4) if self.peak_total else None,
             "tokens": self.step * self.cfg.global_batch * self.entry.model.seq_len, "time": time.time(),
@@ -209,6 +252,9 @@ class Trainer:
         if self.device.type == "cuda":  # for checking the planner's per-rank memory against real runs
             row["mem_allocated_gib"] = round(torch.cuda.max_memory_allocated(self.device) / 2**30, 3)
             row["mem_reserved_gib"] = round(torch.cuda.max_memory_reserved(self.device) / 2**30, 3)
+        if self.watch:
+            row.update(self.watch.logged(row, timings if self.project.monitor.enabled else []))
+        self.timer.log(self.step)
         if self.metrics:
             self.metrics.write(row)
         log(self.env.rank, f"step {self.step}/{self.cfg.max_steps} loss {row['loss']:.4f} lr {lr:.2e} "
@@ -221,12 +267,42 @@ class Trainer:
                   f"steps {self.step}->{cfg.max_steps}")
         self.saved: Path | None = None
         self._stopping = False
-        interval_time, interval_steps = 0.0, 0
         self.pm.train()
+        try:
+            return self._fit(stop)
+        except NonFinite as e:
+            raise TrainingError(self._diverged(e)) from None
+        except BaseException as e:
+            if self.watch:
+                detail = str(e).splitlines()[0] if str(e) else ""
+                self.watch.fail(self.step, f"rank 0 failed at step {self.step + 1}: {type(e).__name__}"
+                                           + (f": {detail}" if detail else ""))
+            raise
+        finally:
+            self.timer.close()
+
+    def _diverged(self, e: NonFinite) -> str:
+        """Stop on a non-finite step: nothing of it is saved; an async save of an earlier step still in flight is
+        finished (it holds a good state). The one line names the step and the last good checkpoint."""
+        self._committed(self.ckpt.wait())
+        last = find_latest(self.paths.checkpoints)
+        where = (f"the last good checkpoint is {last} (step {read_meta(last).step}); resume from it (run the same "
+                 "command) with a lower training.lr or a training.grad_clip, or look at the data of that step"
+                 if last else "no checkpoint was written before it; lower training.lr or set training.grad_clip")
+        message = f"models.{self.entry.name}: {e}; stopped without saving it; {where}"
+        if self.watch:
+            self.watch.event(Event(kind=EventKind.NONFINITE, severity=Severity.ERROR, step=e.step, value=e.value,
+                                   message=message), echo=False)  # the entry point prints the error line
+            self.watch.fail(e.step, message)
+        return message
+
+    def _fit(self, stop: StopRequest) -> Outcome:
+        cfg, rank = self.cfg, self.env.rank
+        interval_time, interval_steps = 0.0, 0
         try:
             while self.step < cfg.max_steps:
                 t0 = time.perf_counter()
-                if self.fail_at_step is not None and self.step + 1 >= self.fail_at_step:
+                if self.injections.fail_at_step is not None and self.step + 1 >= self.injections.fail_at_step:
                     raise RuntimeError(f"injected failure at step {self.step + 1} (CLUSTERTRAIN_INJECT_FAILURE)")
                 lr = lr_at(self.step, cfg)
                 loss, grad_norm = self._train_step()
@@ -235,6 +311,7 @@ class Trainer:
                     torch.cuda.synchronize(self.device)
                 interval_time += time.perf_counter() - t0
                 interval_steps += 1
+                self.timer.end_step(time.perf_counter() - t0)
                 if self.step % cfg.log_every == 0 or self.step in (1, cfg.max_steps):
                     self._log_row(loss, grad_norm, lr, interval_time / interval_steps)
                     interval_time, interval_steps = 0.0, 0
@@ -247,6 +324,8 @@ class Trainer:
                     self._finish_stop_check()
                     log(rank, f"stopped by {stop.signal_name or 'a peer rank'} after step {self.step}; "
                               f"checkpoint saved to {self.saved}; re-run the same command to resume")
+                    if self.watch:
+                        self.watch.finish(State.STOPPED, self.step)
                     return Outcome(State.STOPPED, self.step, self.saved, stop.signal_name)
         finally:
             if self.metrics:
@@ -259,6 +338,8 @@ class Trainer:
             if saved is not None and self.backup is not None:  # resumed at max_steps: make sure the last one is copied
                 self.backup.submit(saved)
         log(rank, f"training complete at step {self.step}; final checkpoint {saved}")
+        if self.watch:
+            self.watch.finish(State.COMPLETED, self.step)
         return Outcome(State.COMPLETED, self.step, saved)
 
 

@@ -33,12 +33,14 @@ class ParallelModel:
     loss_parallel: bool = False
     autocast: Callable[[], AbstractContextManager] = field(default=nullcontext)
 
-    def forward_backward(self, x: torch.Tensor, y: torch.Tensor, scale: float, sync: bool = True) -> torch.Tensor:
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor, scale: float, sync: bool = True,
+                         timed_forward: Callable[[], AbstractContextManager] = nullcontext) -> torch.Tensor:
         """Loss of one micro-batch times ``scale``, backpropagated; returns it detached as a plain tensor.
-        ``sync=False``: DDP skips its gradient all-reduce (every micro-batch but the last)."""
+        ``sync=False``: DDP skips its gradient all-reduce (every micro-batch but the last). ``timed_forward``
+        wraps the forward pass (per-rank step timing)."""
         no_sync = getattr(self.module, "no_sync", None)
         with nullcontext() if sync or no_sync is None else no_sync(), self._loss_context():
-            with self.autocast():
+            with self.autocast(), timed_forward():
                 loss = loss_fn(self.module(x), y) * scale
             loss.backward()
         loss = loss.detach()

@@ -18,6 +18,7 @@ from clustertrain.launch.prepare import prepare_run
 from clustertrain.launch.sbatch import build_request, render_script
 from clustertrain.launch.slurm import SlurmLauncher, submit_project
 from clustertrain.launch.slurm_query import query_job
+from clustertrain.monitor.records import read_timing, read_usage
 from clustertrain.project import load_project
 from clustertrain.rundir import RunPaths
 from tests.support.slurm import client_env, sbatch
@@ -70,6 +71,11 @@ def test_two_ranks_on_two_nodes_complete_with_checkpoints_and_metrics(local_slur
     lines = list(slurm.logs(job_id))
     assert any("2 rank(s)" in ln for ln in lines) and any("training complete at step 8" in ln for ln in lines)
     assert any(ln.startswith(f"clustertrain: job {job_id} (restart 0") and "master 127.0.0.1:" in ln for ln in lines)
+    # one node sampler per node (started by srun's first task on each), per-rank timing naming the node, usage
+    assert sorted(p.name for p in (run / "monitor").glob("*.csv")) == ["node1.csv", "node2.csv"]
+    assert {rows[-1].node for rows in read_timing(spec.paths).values()} == {"node1", "node2"}
+    [attempt] = read_usage(spec.paths).attempts
+    assert (attempt.job_id, attempt.nodes, attempt.state, attempt.world_size) == (job_id, ["node1", "node2"], "COMPLETED", 2)
 
 
 def test_sbatch_test_only_accepts_every_rendered_script(local_slurm, slurm_project, tmp_path):
@@ -118,6 +124,9 @@ def test_usr2_checkpoints_requeues_and_resumes_where_it_stopped(local_slurm, slu
     assert rows[stopped_at]["loss"] < rows[0]["loss"] - 0.2, (rows[0], rows[stopped_at])  # continues, not from scratch
     [record] = read_records(RunPaths(run))
     assert (record.state, record.restarts) == ("COMPLETED", 1)
+    attempts = read_usage(RunPaths(run)).attempts  # GPU-hours add up across the requeue
+    assert [(a.job_id, a.state, a.step_start, a.step) for a in attempts] == \
+        [(sub.job_id, "STOPPED", 0, stopped_at), (sub.job_id, "COMPLETED", stopped_at, 30)]
     assert (run / "checkpoints" / "latest").read_text().strip() == "step_00000030"
 
 
@@ -183,10 +192,12 @@ def test_cli_submit_status_logs_cancel(local_slurm, slurm_project):
     slurm = SlurmLauncher(env=local_slurm.env())
     assert slurm.wait(slurm.attach(RunPaths(run)), timeout=90).state == "COMPLETED"
     # status and logs side by side
-    status_p, logs_p = (subprocess.Popen([sys.executable, "-m", "clustertrain", cmd, str(path)], stdout=subprocess.PIPE, text=True,
-                                         env=client_env(local_slurm)) for cmd in ("status", "logs"))
+    status_p, logs_p = (subprocess.Popen([sys.executable, "-m", "clustertrain", *cmd, str(path)], stdout=subprocess.PIPE, text=True,
+                                         env=client_env(local_slurm)) for cmd in (("status", "--json"), ("logs",)))
     st, lg = status_p.communicate(timeout=60)[0], logs_p.communicate(timeout=60)[0]
-    assert status_p.returncode == 0 and f"tiny: job {job_id} COMPLETED [COMPLETED], exit 0, restarts 0, step 3" in st, st
+    [row] = json.loads(st)
+    assert status_p.returncode == 0 and (row["model"], row["job_id"], row["state"], row["job_state"], row["exit_code"],
+                                         row["restarts"], row["step"]) == ("tiny", job_id, "completed", "COMPLETED", 0, 0, 3), st
     assert logs_p.returncode == 0 and "[clustertrain] step 3/3" in lg and "training complete" in lg
 
     # a second job, kept pending behind a job that holds both nodes, is cancelled while `logs --follow` waits on it

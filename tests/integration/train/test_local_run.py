@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from clustertrain.monitor.samples import HOST_ONLY, read_samples
 from clustertrain.rundir import RunPaths
 from clustertrain.runstate import read_status
 from clustertrain.states import State
@@ -44,6 +45,9 @@ def test_quickstart_trains_and_loss_falls(tmp_path):
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_00000200"
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["latest", "step_00000150", "step_00000200"]
+    samples = list((run_dir / "monitor").glob("*.csv"))  # the node sampler ran beside it: host columns (no GPU here)
+    assert len(samples) == 1 and samples[0].read_text().splitlines()[0].split(",") == list(HOST_ONLY)
+    assert read_samples(samples[0]) and all(row["host.cpu_pct"] is not None for row in read_samples(samples[0]))
 
 
 def test_sigkill_after_checkpoint_resumes_from_it(tiny_project, tmp_path):

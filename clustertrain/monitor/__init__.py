@@ -1,0 +1,30 @@
+"""Monitor stage: what runs beside training to watch it, and what reads it back.
+
+- :mod:`~clustertrain.monitor.config` — the ``monitor:`` section (:class:`MonitorConfig`).
+- :mod:`~clustertrain.monitor.records` — the run's events, per-rank timing and usage records (formats).
+- :mod:`~clustertrain.monitor.samples` — the node sampler's CSV (columns, reader).
+- :mod:`~clustertrain.monitor.sampler` — the node sampler: NVML + psutil every ``monitor.interval_s``.
+- :mod:`~clustertrain.monitor.alarms` — the trainer's alarm rules (loss spike, throughput drop, straggler).
+- :mod:`~clustertrain.monitor.status` — one row per model: state, progress, speed, ETA, cost, alarms.
+- :mod:`~clustertrain.monitor.report` — the self-contained HTML run report with plots.
+
+Public API (imported lazily, so that light commands do not pay for matplotlib).
+"""
+
+from clustertrain.lazy import lazy_exports
+
+_PUBLIC = {
+    "MonitorConfig": "clustertrain.monitor.config",
+    "Event": "clustertrain.monitor.records",
+    "EventKind": "clustertrain.monitor.records",
+    "read_events": "clustertrain.monitor.records",
+    "read_timing": "clustertrain.monitor.records",
+    "read_usage": "clustertrain.monitor.records",
+    "read_samples": "clustertrain.monitor.samples",
+    "start_sampler": "clustertrain.monitor.sampler",
+    "stop_sampler": "clustertrain.monitor.sampler",
+    "ModelStatus": "clustertrain.monitor.status",
+    "model_status": "clustertrain.monitor.status",
+    "project_status": "clustertrain.monitor.status",
+}
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _PUBLIC)

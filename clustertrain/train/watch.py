@@ -1,0 +1,89 @@
+"""Rank 0's record of a run while it trains: ``status.json`` says RUNNING from the first step and the final state at
+the end (written by the run itself, not inferred later), ``usage.json`` gets one attempt per start of the ranks with
+a heartbeat at every logged step, and the alarms of :mod:`clustertrain.monitor.alarms` go to ``events.jsonl``
+(formats: :mod:`clustertrain.runstate`, :mod:`clustertrain.monitor.records`). Recording never stops training: a
+write that fails is reported once on stderr and skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from dataclasses import asdict, replace
+from typing import Any
+
+from clustertrain.monitor.alarms import LossSpike, RankTiming, Stragglers, ThroughputDrop, spread
+from clustertrain.monitor.config import MonitorConfig
+from clustertrain.monitor.records import Attempt, Event, append_event, read_usage, write_usage
+from clustertrain.rundir import RunPaths
+from clustertrain.runstate import RunStatus, write_status_record
+from clustertrain.states import State
+
+
+def node_name() -> str:
+    """This node's name as Slurm calls it (SLURMD_NODENAME, also under emulated nodes), else the host name."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+def job_id() -> str:
+    """The Slurm job id, or ``local-<rank 0's pid>`` (the local launcher's job id)."""
+    return os.environ.get("SLURM_JOB_ID") or f"local-{os.getpid()}"
+
+
+class RunWatch:
+    def __init__(self, paths: RunPaths, config: MonitorConfig, nodes: list[str], gpus: int, world_size: int, step: int):
+        self.paths, self.config, self.nodes = paths, config, nodes
+        self._warned = False
+        now = time.time()
+        self.attempt = Attempt(started=now, last=now, job_id=job_id(), nodes=list(dict.fromkeys(nodes)), gpus=gpus,
+                               world_size=world_size, step_start=step, step=step, pid=os.getpid(), host=node_name())
+        self.usage = read_usage(paths)
+        self.usage.attempts.append(self.attempt)
+        self._guard(write_usage, paths, self.usage)
+        self._guard(write_status_record, paths, RunStatus(state=State.RUNNING, step=step, pid=os.getpid(), time=now))
+        self.rules = (LossSpike(config), ThroughputDrop(config))
+        self.stragglers = Stragglers(config)
+
+    def logged(self, row: dict[str, Any], timings: list[RankTiming]) -> dict[str, Any]:
+        """A logged step: fields for its metrics row (the slowest rank and the spread), alarms to events.jsonl, the
+        heartbeat to usage.json."""
+        step = row["step"]
+        self.attempt.step, self.attempt.last = step, time.time()
+        self._guard(write_usage, self.paths, self.usage)
+        timings = [replace(t, node=self.nodes[t.rank] if t.rank < len(self.nodes) else "?") for t in timings]
+        events = [self.rules[0].check(step, row["loss"]), self.rules[1].check(step, row["tokens_per_s"])]
+        events += self.stragglers.check(step, timings)
+        for event in events:
+            if event is not None:
+                self.event(event)
+        s = spread(timings) if len(timings) > 1 else None
+        return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in asdict(s).items()} if s else {}
+
+    def event(self, event: Event, echo: bool = True) -> None:
+        """Record ``event``; ``echo``: also say it on stderr (rank 0's log)."""
+        self._guard(append_event, self.paths.events, event)
+        if echo:
+            print(f"[clustertrain] {event.severity}: {event.message}", file=sys.stderr, flush=True)
+
+    def finish(self, state: State, step: int) -> None:
+        """The attempt ended (usage.json); status.json's final record is written by the caller with its fields."""
+        now = time.time()
+        self.attempt.state, self.attempt.step, self.attempt.last, self.attempt.ended = state, step, now, now
+        self._guard(write_usage, self.paths, self.usage)
+
+    def fail(self, step: int, message: str) -> None:
+        """The ranks failed: the attempt and status.json say FAILED, with ``message``."""
+        self.finish(State.FAILED, step)
+        self._guard(write_status_record, self.paths, RunStatus(state=State.FAILED, step=step, pid=os.getpid(),
+                                                               time=time.time(), message=message))
+
+    def _guard(self, fn, *args) -> None:
+        try:
+            fn(*args)
+        except OSError as e:
+            if not self._warned:
+                print(f"[clustertrain] warning: could not record the run's state ({e}); training goes on",
+                      file=sys.stderr, flush=True)
+                self._warned = True

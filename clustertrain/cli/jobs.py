@@ -1,4 +1,5 @@
-"""`clustertrain submit | status | logs | cancel`: Slurm jobs of a project's models.
+"""`clustertrain submit | status | logs | cancel`: Slurm jobs of a project's models (``status``: every model,
+local or Slurm; :mod:`clustertrain.monitor.status`).
 
 Jobs are found through the run directories' records (``RUN_DIR/jobs.jsonl``): ``status``, ``logs`` and
 ``cancel`` take the same PROJECT, ``--model``, ``--run-dir`` and ``--set`` as ``submit`` and act on
@@ -31,10 +32,13 @@ def register(app: typer.Typer) -> None:
 
 
 def _runs(project_file: Path, model: Optional[str], run_dir: Optional[Path], set_: list[str]):
+    return _run_paths(load_project(project_file, set_), model, run_dir)
+
+
+def _run_paths(project, model: Optional[str], run_dir: Optional[Path]):
     from clustertrain.launch.prepare import run_dir_for
     from clustertrain.rundir import RunPaths
 
-    project = load_project(project_file, set_)
     entries = [project.model(model)] if model else list(project.models)
     return [(e.name, RunPaths(run_dir_for(project, e, run_dir, len(entries) > 1))) for e in entries]
 
@@ -83,22 +87,29 @@ def status(
     run_dir: Optional[Path] = _RUN_DIR,
     set_: list[str] = _SET,
     job: Optional[str] = typer.Option(None, "--job", help="This job id (default: each model's newest job)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the rows as a JSON list (with --watch: one list per line)."),
+    watch: bool = typer.Option(False, "--watch", help="Refresh every --interval seconds until Ctrl-C."),
+    interval: float = typer.Option(5.0, "--interval", min=0.5, help="Seconds between two refreshes of --watch."),
 ) -> None:
-    """Show the state of each model's newest Slurm job (exit 1 if any failed or was cancelled)."""
-    from clustertrain.launch import SlurmLauncher
-    from clustertrain.runstate import read_status
+    """Where every model of the project stands, local or Slurm: state, step, loss, speed, ETA, GPU-hours, cost,
+    checkpoint, job and nodes, alarms (exit 1 if any model failed, cancelled or timed out)."""
+    from clustertrain.launch.overview import newest_jobs
+    from clustertrain.monitor.status import any_failed, gpu_hour_prices, project_status
+    from clustertrain.monitor.status_view import make_console, show
+    from clustertrain.monitor.status_view import watch as watch_rows
 
-    launcher = SlurmLauncher()
-    code = 0
-    for name, paths in _runs(project_file, model, run_dir, set_):
-        job_id = launcher.attach(paths, job)
-        st = launcher.status(job_id)
-        run = read_status(paths)
-        step = f", step {run.step}" if run else ""
-        exit_code = "" if st.exit_code is None else f", exit {st.exit_code}"
-        typer.echo(f"{name}: job {job_id} {st.state} [{st.detail}]{exit_code}, restarts {st.extra['restarts']}{step}")
-        code = max(code, 1 if st.state in ("FAILED", "CANCELLED") else 0)
-    raise typer.Exit(code)
+    project = load_project(project_file, set_)
+    runs = _run_paths(project, model, run_dir)
+    prices = gpu_hour_prices(project)
+
+    def collect():
+        return project_status(project, runs, newest_jobs(runs, job), prices=prices)
+
+    console = make_console()
+    rows = watch_rows(collect, interval, console, as_json) if watch else collect()
+    if not watch:
+        show(rows, console, as_json)
+    raise typer.Exit(1 if any_failed(rows) else 0)
 
 
 def logs(

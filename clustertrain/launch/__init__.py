@@ -4,7 +4,7 @@ rank environments and the local Slurm cluster for rehearsal and tests.
 Public API (imported lazily, so that light commands do not pay for torch):
 :func:`prepare_run`, :class:`RunSpec`, :class:`LocalLauncher`, :func:`run_project`,
 :class:`JobStatus`, :class:`Launcher`, :class:`SlurmLauncher`, :func:`submit_project`,
-:class:`LaunchConfig`, :class:`LocalSlurmCluster`, :func:`query_job`; for a script rendered elsewhere
+:class:`LaunchConfig`, :class:`LocalSlurmCluster`, :func:`query_job`, :func:`newest_jobs` (each run's newest job); for a script rendered elsewhere
 (the validation suite's jobs): :func:`submit_script`, :func:`batch_state`, :func:`cancel_job`.
 """
 
@@ -22,6 +22,7 @@ _PUBLIC = {
     "LaunchConfig": "clustertrain.launch.config",
     "LocalSlurmCluster": "clustertrain.launch.slurm_cluster",
     "query_job": "clustertrain.launch.slurm_query",
+    "newest_jobs": "clustertrain.launch.overview",
     "submit_script": "clustertrain.launch.batch",
     "batch_state": "clustertrain.launch.batch",
     "cancel_job": "clustertrain.launch.batch",

@@ -5,6 +5,7 @@ On the old code `status` then failed with "cannot read finished jobs: JobCompTyp
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -35,9 +36,17 @@ def forgotten(cluster, job_id: str) -> bool:
         return True
 
 
-def status_cli(cluster, path, model: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "clustertrain", "status", str(path), "--model", model],
+def status_cli(cluster, path, model: str) -> tuple[int, dict]:
+    """`clustertrain status PROJECT --model MODEL --json`: its exit code and the model's row."""
+    proc = subprocess.run([sys.executable, "-m", "clustertrain", "status", str(path), "--model", model, "--json"],
                           capture_output=True, text=True, env=client_env(cluster), timeout=60)
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    [row] = json.loads(proc.stdout)
+    return proc.returncode, row
+
+
+def job_of(row: dict) -> tuple:
+    return row["job_id"], row["state"], row["job_state"], row["exit_code"], row["restarts"]
 
 
 def test_status_after_slurm_forgot_completed_failed_and_cancelled_jobs(pcluster_like_slurm, slurm_project):
@@ -57,14 +66,14 @@ def test_status_after_slurm_forgot_completed_failed_and_cancelled_jobs(pcluster_
     assert [r.state for s in (done, crash, stop) for r in read_records(RunPaths(s.run_dir))] == [None, None, None]
 
     assert read_end_marker(RunPaths(done.run_dir), done.job_id).state == "COMPLETED"
-    ok = status_cli(cluster, path, "done")
-    assert ok.returncode == 0 and f"done: job {done.job_id} COMPLETED [COMPLETED], exit 0, restarts 0, step 4" in ok.stdout, \
-        ok.stdout + ok.stderr
-    failed = status_cli(cluster, path, "crash")
-    assert failed.returncode == 1 and f"crash: job {crash.job_id} FAILED [FAILED]" in failed.stdout, failed.stdout + failed.stderr
-    cancelled = status_cli(cluster, path, "stop")
-    assert cancelled.returncode == 1 and f"stop: job {stop.job_id} CANCELLED [CANCELLED], exit 143" in cancelled.stdout, \
-        cancelled.stdout + cancelled.stderr
+    code, ok = status_cli(cluster, path, "done")
+    assert code == 0 and job_of(ok) == (done.job_id, "completed", "COMPLETED", 0, 0) and ok["step"] == 4, ok
+    assert ok["job_detail"] == "COMPLETED"
+    code, failed = status_cli(cluster, path, "crash")
+    assert code == 1 and job_of(failed)[:3] == (crash.job_id, "failed", "FAILED") and failed["job_detail"] == "FAILED", failed
+    code, cancelled = status_cli(cluster, path, "stop")
+    assert code == 1 and job_of(cancelled)[:4] == (stop.job_id, "failed", "CANCELLED", 143), cancelled
+    assert cancelled["job_detail"] == "CANCELLED"
     # the status seen is now also in jobs.jsonl
     assert [r.state for s in (done, crash, stop) for r in read_records(RunPaths(s.run_dir))] == \
         ["COMPLETED", "FAILED", "CANCELLED"]

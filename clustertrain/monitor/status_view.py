@@ -1,0 +1,137 @@
+"""``clustertrain status`` on screen: the rich table of :class:`~clustertrain.monitor.status.ModelStatus` rows, their
+JSON (a list of the rows' fields, paths as strings) and the ``--watch`` loop (rich Live, one refresh every
+``interval`` seconds until Ctrl-C)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from clustertrain.monitor.status import (COMPLETED, FAILED, NOT_STARTED, QUEUED, REQUEUED, RUNNING, STOPPED, ModelStatus,
+                                         human_duration)
+
+STYLES = {COMPLETED: "green", RUNNING: "cyan", QUEUED: "yellow", REQUEUED: "yellow", FAILED: "bold red",
+          STOPPED: "magenta", NOT_STARTED: "dim"}
+NODES_SHOWN = 3
+WIDE = 240
+
+
+def status_json(rows: list[ModelStatus], indent: int | None = 1) -> str:
+    return json.dumps([r.to_dict() for r in rows], indent=indent)
+
+
+#: (header, right-aligned, drop order on a narrow terminal: 0 = never)
+COLUMNS = (("model", False, 0), ("state", False, 0), ("step", True, 0), ("loss", True, 6), ("tok/s", True, 5),
+           ("MFU", True, 1), ("ETA", True, 0), ("GPU-h", True, 3), ("cost", True, 7), ("checkpoint (age)", False, 4),
+           ("job / nodes", False, 2), ("alarms", False, 8))
+
+
+def status_table(rows: list[ModelStatus], width: int | None = None) -> Table:
+    """The table; on a console narrower than it (``width``), the least needed columns are left out and named in
+    the caption (``--json`` has them all)."""
+    cells = [_cells(r) for r in rows]
+    shown = list(range(len(COLUMNS)))
+    need = [max([len(COLUMNS[i][0])] + [max(len(line) for line in str(c[i]).split("\n")) for c in cells]) + 3
+            for i in shown]
+    for i in sorted((i for i in shown if COLUMNS[i][2]), key=lambda i: COLUMNS[i][2]):
+        if width is None or sum(need[j] for j in shown) <= width:
+            break
+        shown.remove(i)
+    hidden = [COLUMNS[i][0] for i in range(len(COLUMNS)) if i not in shown]
+    caption = f"not shown at this width: {', '.join(hidden)} (widen the terminal, or --json)" if hidden else None
+    table = Table(header_style="bold", pad_edge=False, caption=caption, caption_justify="left")
+    for i in shown:
+        name, right, _ = COLUMNS[i]
+        table.add_column(name, justify="right" if right else "left", overflow="fold")
+    for c in cells:
+        table.add_row(*(c[i] for i in shown))
+    return table
+
+
+def _cells(r: ModelStatus) -> list:
+    return [r.model, Text(r.state, style=STYLES.get(r.state, "")), _step(r), _num(r.loss, "{:.4f}"),
+            _num(r.tokens_per_s, "{:,.0f}"), _num(None if r.mfu is None else r.mfu * 100, "{:.1f}%"),
+            human_duration(r.eta_s) if r.eta_s is not None else "-", _hours(r.gpu_hours), _num(r.cost_usd, "${:,.2f}"),
+            _checkpoint(r), _job(r), Text("\n".join(r.alarms) or "-", style="red" if r.alarms else "dim")]
+
+
+def status_view(rows: list[ModelStatus], width: int | None = None) -> RenderableType:
+    """The table (fitted to ``width``), then one line per model with a note or something missing."""
+    notes = []
+    for r in rows:
+        parts = ([r.message] if r.message else []) + ([f"missing: {'; '.join(r.missing)}"] if r.missing else [])
+        if parts:
+            notes.append(Text(f"{r.model}: " + " | ".join(parts), style="red" if r.state == FAILED else "dim"))
+    return Group(status_table(rows, width), *notes)
+
+
+def make_console() -> Console:
+    """A console for the table: the terminal's width, or a wide one (``WIDE``) when the output is a file or pipe."""
+    console = Console(highlight=False)
+    return console if console.is_terminal else Console(highlight=False, width=max(console.width, WIDE))
+
+
+def show(rows: list[ModelStatus], console: Console, as_json: bool = False) -> None:
+    if as_json:
+        print(status_json(rows), flush=True)
+    else:
+        console.print(status_view(rows, console.width))
+
+
+def watch(collect: Callable[[], list[ModelStatus]], interval: float, console: Console,
+          as_json: bool = False) -> list[ModelStatus]:
+    """Show ``collect()`` every ``interval`` seconds (the table in place; with ``as_json`` one JSON list per line)
+    until Ctrl-C; return the rows of the last refresh."""
+    rows = collect()
+    try:
+        if as_json:
+            while True:
+                print(status_json(rows, indent=None), flush=True)
+                time.sleep(interval)
+                rows = collect()
+        with Live(status_view(rows, console.width), console=console, auto_refresh=False, transient=False) as live:
+            while True:
+                time.sleep(interval)
+                rows = collect()
+                live.update(status_view(rows, console.width), refresh=True)
+    except KeyboardInterrupt:
+        return rows
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _hours(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return "<0.01" if 0 < value < 0.005 else f"{value:,.2f}"
+
+
+def _step(r: ModelStatus) -> str:
+    if r.step is None:
+        return "-" if r.max_steps is None else f"-/{r.max_steps}"
+    return f"{r.step}/{r.max_steps}" if r.max_steps else str(r.step)
+
+
+def _checkpoint(r: ModelStatus) -> str:
+    if not r.checkpoint:
+        return "-"
+    return f"{Path(r.checkpoint).name} ({human_duration(r.checkpoint_age_s)})"
+
+
+def _job(r: ModelStatus) -> str:
+    nodes = r.nodes[:NODES_SHOWN]
+    more = len(r.nodes) - len(nodes)
+    where = ",".join(nodes) + (f" +{more}" if more else "")
+    job = r.job_id or "-"
+    if r.restarts:
+        job += f" (restart {r.restarts})"
+    return f"{job} {where}".strip() if where else job

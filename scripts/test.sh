@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install what the test suite needs and run all of it (README command 2; .ci/run calls this).
 #   system packages (Debian): slurm-wlm + munge (real local Slurm), fio (storage bench), shellcheck (node scripts),
-#   squashfs-tools (the training image's .sqsh checks)
+#   squashfs-tools (the training image's .sqsh checks), chromium (headless: the HTML run report's screenshot test)
 #   Python: .venv with torch==2.13.0 (CPU wheel) and clustertrain[test]
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"` for the fast subset.
 set -euo pipefail
@@ -16,6 +16,7 @@ command -v munged >/dev/null || [ -x /usr/sbin/munged ] || need+=(munge)
 command -v fio >/dev/null || need+=(fio)
 command -v shellcheck >/dev/null || need+=(shellcheck)
 command -v mksquashfs >/dev/null || need+=(squashfs-tools)
+command -v chromium >/dev/null || need+=(chromium)
 if [ ${#need[@]} -gt 0 ]; then
   echo "== installing system packages: ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive

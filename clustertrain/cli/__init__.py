@@ -23,6 +23,7 @@ from clustertrain.cli import jobs as jobs_cli
 from clustertrain.cli import local_slurm as local_slurm_cli
 from clustertrain.cli import plan as plan_cli
 from clustertrain.cli import rehearse as rehearse_cli
+from clustertrain.cli import report as report_cli
 from clustertrain.cli import run as run_cli
 from clustertrain.cli import storage as storage_cli
 from clustertrain.cli import validate as validate_cli
@@ -34,6 +35,7 @@ jobs_cli.register(app)
 app.command("plan")(plan_cli.plan_command)
 app.command("check")(check_cli.check_command)
 app.command("rehearse")(rehearse_cli.rehearse_command)
+app.command("report")(report_cli.report_command)
 app.add_typer(config_cli.app, name="config")
 app.add_typer(data_cli.app, name="data")
 app.add_typer(cluster_cli.app, name="cluster")

@@ -5,6 +5,8 @@ Each line of metrics.jsonl is one JSON object for one logged step::
     {"step": 10, "loss": 3.21, "lr": 0.0003, "grad_norm": 1.2, "tokens_per_s": 5400.0,
      "step_time_s": 0.094, "mfu": null, "tokens": 40960, "time": 1763772000.0}
 
+With several ranks a row also carries ``slowest_rank``, ``slowest_node``, ``slowest_part`` (data | compute) and
+``spread_s`` (:func:`clustertrain.monitor.alarms.spread` over every rank's step timing, gathered at that step).
 ``mfu`` is model FLOPs utilisation (flops_per_token x tokens/s / (peak x GPUs)); it is null where
 the peak is unknown (CPUs, GPUs without a bf16 peak). The peak is the GPU's dense bf16 figure from the
 instance catalog (``clustertrain/plan/instances.yaml``). On resume from step S, lines with step > S are

@@ -27,7 +27,8 @@ work, timed with CUDA events on a GPU: what the straggler rule compares); ``comm
 collectives (the gradient-norm reduction under FSDP/TP, the metrics gather, the step-boundary stop check);
 ``step_s``: the whole step.
 
-``usage.json`` (:class:`Usage`; rank 0 writes it when the ranks start, at every logged step and when they end):
+``usage.json`` (:class:`Usage`; rank 0 writes it when the ranks start, at logged steps at most every 5 s, and when
+they end):
 one :class:`Attempt` per start of the ranks (a requeue, a resume), so GPU-hours and cost add up across them::
 
     {"version": 1, "clustertrain": "0.1.0", "attempts": [{"started": 1795000000.0, "last": 1795000123.4,

@@ -17,7 +17,9 @@ Units: ``timestamp`` ISO 8601 UTC with milliseconds; utilisation and CPU in %, G
 nvidia-smi prints), ECC as the volatile uncorrected total, ``xid`` the XID of a critical event seen since the
 previous sample (empty when none), ``nvlink.errors`` the sum of the NVLink replay/recovery/CRC counters over the
 GPU's links; host memory in MiB, disk and network in MB/s over the interval, ``host.load1`` the 1-minute load
-average. A field NVML does not report on this GPU is empty.
+average. A field NVML does not report on this GPU is empty. ``host.memory.used`` is psutil's ``used``; the network
+columns sum the kernel's interfaces except loopback — EFA traffic is OS-bypass (libfabric to the NIC) and is not
+in them, so NCCL over EFA shows as near-zero network here.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Rank 0's record of a run while it trains: ``status.json`` says RUNNING from the first step and the final state at
 the end (written by the run itself, not inferred later), ``usage.json`` gets one attempt per start of the ranks with
-a heartbeat at every logged step, and the alarms of :mod:`clustertrain.monitor.alarms` go to ``events.jsonl``
+a heartbeat at logged steps (at most every ``HEARTBEAT_S``), and the alarms of :mod:`clustertrain.monitor.alarms` go to ``events.jsonl``
 (formats: :mod:`clustertrain.runstate`, :mod:`clustertrain.monitor.records`). Recording never stops training: a
 write that fails is reported once on stderr and skipped.
 """
@@ -20,6 +20,9 @@ from clustertrain.monitor.records import Attempt, Event, append_event, read_usag
 from clustertrain.rundir import RunPaths
 from clustertrain.runstate import RunStatus, write_status_record
 from clustertrain.states import State
+
+#: usage.json's heartbeat is written at a logged step at most this often (a killed attempt loses at most this much)
+HEARTBEAT_S = 5.0
 
 
 def node_name() -> str:
@@ -42,6 +45,7 @@ class RunWatch:
         self.usage = read_usage(paths)
         self.usage.attempts.append(self.attempt)
         self._guard(write_usage, paths, self.usage)
+        self._written = now
         self._guard(write_status_record, paths, RunStatus(state=State.RUNNING, step=step, pid=os.getpid(), time=now))
         self.rules = (LossSpike(config), ThroughputDrop(config))
         self.stragglers = Stragglers(config)
@@ -51,7 +55,9 @@ class RunWatch:
         heartbeat to usage.json."""
         step = row["step"]
         self.attempt.step, self.attempt.last = step, time.time()
-        self._guard(write_usage, self.paths, self.usage)
+        if self.attempt.last - self._written >= HEARTBEAT_S:  # an fsynced rename: not at every step of a fast run
+            self._written = self.attempt.last
+            self._guard(write_usage, self.paths, self.usage)
         timings = [replace(t, node=self.nodes[t.rank] if t.rank < len(self.nodes) else "?") for t in timings]
         events = [self.rules[0].check(step, row["loss"]), self.rules[1].check(step, row["tokens_per_s"])]
         events += self.stragglers.check(step, timings)

@@ -54,9 +54,16 @@ def test_sigkill_after_checkpoint_resumes_from_it(tiny_project, tmp_path):
     project = tiny_project(steps=30, ckpt=5)
     run_dir = tmp_path / "run"
     proc = clustertrain("run", str(project), "--run-dir", str(run_dir))
-    wait_for(lambda: (run_dir / "checkpoints" / "latest").exists() and any(r["step"] >= 12 for r in metrics(run_dir)), 120)
+    latest = run_dir / "checkpoints" / "latest"
+
+    def saved_step() -> int:
+        return int(latest.read_text().strip().removeprefix("step_")) if latest.exists() else 0
+
+    # wait for the second checkpoint to be committed, not for a step count: an async save may commit steps later
+    # on a loaded machine (waiting for step 12 and expecting step 10 committed failed ~1 run in 6, before issue 17 too)
+    wait_for(lambda: saved_step() >= 10, 120)
     kill_all(proc)
-    saved = int((run_dir / "checkpoints" / "latest").read_text().strip().removeprefix("step_"))
+    saved = saved_step()
     assert saved >= 10
     res = run_cli("run", str(project), "--run-dir", str(run_dir))
     assert res.returncode == 0, res.stdout

@@ -105,19 +105,28 @@ def append_event(path: Path, event: Event) -> None:
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """The JSON objects of a JSON-lines file; a missing file is none, a damaged or cut line is skipped."""
+    return read_jsonl_counted(path)[0]
+
+
+def read_jsonl_counted(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """:func:`read_jsonl`, and how many non-blank lines were skipped (a line cut by a kill, damage)."""
     try:
         text = Path(path).read_text(encoding="utf-8", errors="replace")
-    except (FileNotFoundError, IsADirectoryError):
-        return []
-    out = []
+    except OSError:  # missing, a directory, unreadable: nothing recorded
+        return [], 0
+    out, skipped = [], 0
     for line in text.splitlines():
+        if not line.strip():
+            continue
         try:
             value = json.loads(line)
         except ValueError:
-            continue
+            value = None
         if isinstance(value, dict):
             out.append(value)
-    return out
+        else:
+            skipped += 1
+    return out, skipped
 
 
 def read_events(paths: RunPaths) -> list[Event]:

@@ -28,7 +28,6 @@ one short line per rank/GPU and kind, errors first. Whatever cannot be read leav
 
 from __future__ import annotations
 
-import json
 import socket
 import statistics
 import time
@@ -38,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clustertrain.errors import ClusterTrainError
-from clustertrain.monitor.records import Attempt, Event, Severity, read_events, read_usage
+from clustertrain.monitor.records import Attempt, Event, Severity, read_events, read_jsonl_counted, read_usage
 from clustertrain.rundir import RunPaths
 from clustertrain.runstate import RunStatus, read_run_info, read_status
 from clustertrain.schema import read_yaml
@@ -208,7 +207,7 @@ def _run_status(paths: RunPaths, st: ModelStatus) -> RunStatus | None:
 
 def _progress(paths: RunPaths, st: ModelStatus, run: RunStatus | None, last: Attempt | None) -> bool:
     """Step, loss, speed from ``metrics.jsonl`` (else the step from status.json/usage.json); whether it has rows."""
-    rows, damaged = read_metrics_rows(paths.metrics)
+    rows, damaged = read_jsonl_counted(paths.metrics)
     if damaged:
         st.missing.append(f"metrics.jsonl: {damaged} damaged line{'s' if damaged > 1 else ''} skipped")
     rows = [r for r in rows if isinstance(r.get("step"), int)]
@@ -221,23 +220,6 @@ def _progress(paths: RunPaths, st: ModelStatus, run: RunStatus | None, last: Att
     else:
         st.step = run.step if run is not None else (last.step if last is not None else None)
     return bool(rows)
-
-
-def read_metrics_rows(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """The rows of ``metrics.jsonl`` and how many lines could not be read (a line cut by a kill, damage)."""
-    try:
-        lines = [ln for ln in path.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return [], 0
-    rows = []
-    for line in lines:
-        try:
-            value = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            rows.append(value)
-    return rows, len(lines) - len(rows)
 
 
 def _num(value: Any) -> float | None:

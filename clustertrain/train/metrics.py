@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from clustertrain.monitor.records import read_jsonl
 from clustertrain.plan.catalog import read_catalog
 from clustertrain.rundir import write_atomic
 
@@ -31,15 +32,8 @@ def peak_flops_for(device_name: str | None) -> float | None:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line cut by a kill
-    return rows
+    """The rows of ``metrics.jsonl`` (a line cut by a kill is skipped)."""
+    return read_jsonl(path)
 
 
 class MetricsWriter:

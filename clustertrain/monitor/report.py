@@ -35,7 +35,7 @@ from clustertrain.errors import ClusterTrainError, ConfigError, RunDirError
 from clustertrain.monitor import plots
 from clustertrain.monitor.records import PARTS, Event, TimingRow, Usage, read_events, read_jsonl, read_timing, read_usage
 from clustertrain.monitor.samples import read_samples
-from clustertrain.monitor.status import NOT_STARTED, ModelStatus, human_duration, model_status
+from clustertrain.monitor.status import NOT_STARTED, ModelStatus, human_duration, model_status, plan_gpu_hour_prices
 from clustertrain.rundir import RunPaths, write_atomic
 from clustertrain.runstate import UNKNOWN_VERSION, read_resolved_config, read_run_info
 
@@ -295,11 +295,9 @@ def _attach_plan(m: ModelData, plan: "Plan | str | None") -> None:
             m.plan_note = "plan infeasible: " + "; ".join(mp.reasons)
         elif mp.step_time_s is None:
             m.plan_note = "the plan has no step time (CPU workers: `clustertrain plan --calibrate` estimates one)"
-        c = plan.cluster
-        if c.price_per_hour is not None and c.gpus_per_node:
-            m.price_per_gpu_hour = c.price_per_hour / c.gpus_per_node
-        elif m.plan_note is None:
-            m.plan_note = c.price_note or "the plan has no price (no cost)"
+        m.price_per_gpu_hour = plan_gpu_hour_prices(plan).get(m.name)
+        if m.price_per_gpu_hour is None and m.plan_note is None:
+            m.plan_note = plan.cluster.price_note or "the plan has no price (no cost)"
 
 
 def _checkpoints(paths: RunPaths, missing: list[str]) -> list[Checkpoint]:

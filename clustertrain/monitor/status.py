@@ -46,6 +46,7 @@ from clustertrain.states import State
 if TYPE_CHECKING:
     from clustertrain.launch.backend import JobStatus
     from clustertrain.project import Project
+    from clustertrain.plan.plan import Plan
 
 #: the states a model is shown in
 QUEUED, RUNNING, COMPLETED, FAILED, STOPPED, REQUEUED, NOT_STARTED = (
@@ -159,6 +160,11 @@ def gpu_hour_prices(project: "Project") -> dict[str, float | None]:
         plan = make_plan(project)
     except ClusterTrainError:
         return {}
+    return plan_gpu_hour_prices(plan)
+
+
+def plan_gpu_hour_prices(plan: "Plan") -> dict[str, float | None]:
+    """:func:`gpu_hour_prices` from a plan already made."""
     cluster = plan.cluster
     flat = cluster.price_per_hour / cluster.gpus_per_node if cluster.price_per_hour and cluster.gpus_per_node else None
     out: dict[str, float | None] = {}

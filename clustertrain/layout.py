@@ -81,6 +81,11 @@ class StorageLayout:
     def validation_dir(self) -> Path:
         return self.outputs / self.project / "validation"
 
+    def suspects_file(self) -> Path:
+        """The project's suspect-node list (:mod:`clustertrain.monitor.suspects`), beside its run directories: every
+        model's jobs read and add to it."""
+        return self.runs / self.project / "suspects.jsonl"
+
     def bases(self) -> dict[str, Path]:
         """kind -> base directory (TensorBoard only when it has its own)."""
         out = {"datasets": self.datasets, "checkpoints": self.runs, "logs": self.logs, "outputs": self.outputs}

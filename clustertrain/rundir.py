@@ -23,6 +23,10 @@ is :mod:`clustertrain.layout`'s rule.
       usage.json            one record per start of the ranks: when, where, how many GPUs (GPU-hours and cost)
       monitor/<node>.csv    the node sampler's GPU and host samples (clustertrain.monitor.samples); beside it
                             <node>.events.jsonl, the sampler's GPU events (formats: clustertrain.monitor.records)
+      heartbeat/rank<R>.json each rank's heartbeat: step, phase, liveness (clustertrain.monitor.heartbeats); beside
+                            them request.json, the watchdog's request to dump stacks (and to exit)
+      incidents/<time>/     what the watchdog collected about one hang or lost rank: incident.json, every rank's
+                            stack, flight-recorder dumps (clustertrain.monitor.watchdog)
       jobs/                 the batch script of each submission, kept as submitted, and <job id>.end: the state the
                             batch script recorded when the job ended (clustertrain.launch.jobs)
 
@@ -102,6 +106,17 @@ class RunPaths:
 
     def node_events(self, node: str) -> Path:
         return self.monitor / f"{safe_node(node)}.events.jsonl"
+
+    @property
+    def heartbeat(self) -> Path:
+        return self.root / "heartbeat"
+
+    def rank_heartbeat(self, rank: int) -> Path:
+        return self.heartbeat / f"rank{rank}.json"
+
+    @property
+    def incidents(self) -> Path:
+        return self.root / "incidents"
 
     @property
     def completed(self) -> Path:

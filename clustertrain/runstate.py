@@ -153,6 +153,8 @@ class RunStatus(StoredRecord):
     backup_state: BackupState | None = Field(None, description="State of the last checkpoint's backup.")
     backup_error: str | None = Field(None, description="The last backup failure's message.")
     backups: list[BackupRecord] = Field(default_factory=list, description="The latest backup records, oldest first.")
+    stop_saved_s: float | None = Field(None, description="STOPPED: seconds from the stop signal to the committed stop "
+                                       "checkpoint (the proof that the save landed before the kill).")
 
     @field_validator("state", mode="before")
     @classmethod

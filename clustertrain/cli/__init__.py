@@ -21,6 +21,7 @@ from clustertrain.cli import data as data_cli
 from clustertrain.cli import image as image_cli
 from clustertrain.cli import jobs as jobs_cli
 from clustertrain.cli import local_slurm as local_slurm_cli
+from clustertrain.cli import nodes as nodes_cli
 from clustertrain.cli import plan as plan_cli
 from clustertrain.cli import rehearse as rehearse_cli
 from clustertrain.cli import report as report_cli
@@ -43,6 +44,7 @@ app.add_typer(image_cli.app, name="image")
 app.add_typer(storage_cli.app, name="storage")
 app.add_typer(validate_cli.app, name="validate")
 app.add_typer(local_slurm_cli.app, name="local-slurm")
+app.add_typer(nodes_cli.app, name="nodes")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

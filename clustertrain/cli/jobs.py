@@ -62,6 +62,8 @@ def submit(
         if dry_run:
             typer.echo(s.script, nl=False)
         else:
+            for note in s.notes:
+                typer.echo(f"note: {note}", err=True)
             typer.echo(f"submitted {s.model}: job {s.job_id} (run dir {s.run_dir}, script {s.script})")
 
 

@@ -16,6 +16,7 @@ SET_HELP = "Override a project field, e.g. --set models.0.training.max_steps=40 
 def register(app: typer.Typer) -> None:
     app.command("run")(run)
     app.command("train")(train)
+    app.command("watchdog", hidden=True)(watchdog)
 
 
 def run(
@@ -67,3 +68,27 @@ def train(
     from clustertrain.train.entry import main as train_main
 
     raise typer.Exit(train_main(run_dir, model))
+
+
+def watchdog(
+    run_dir: Path = typer.Option(..., "--run-dir", help="Run directory of the job."),
+    model: str = typer.Option(..., "--model", help="Model name in the project."),
+    job: str = typer.Option(..., "--job", help="Slurm job id (the verdict file's name)."),
+    nodes: str = typer.Option("", "--nodes", help="The job's nodes in order, comma-separated (rank placement)."),
+    suspects: Optional[Path] = typer.Option(None, "--suspects", help="The project's suspect list."),
+    output: Optional[Path] = typer.Option(None, "--output", help="The job's output file (srun's own error lines)."),
+    offset: int = typer.Option(0, "--offset", help="Where this start of the job begins in --output (bytes)."),
+) -> None:
+    """A Slurm job's hang watchdog (started by the batch script as a step beside the ranks — not by hand)."""
+    from clustertrain.monitor.watchdog import Watchdog, placement, serve
+    from clustertrain.rundir import RunPaths
+    from clustertrain.train.entry import load_resolved
+
+    paths = RunPaths(run_dir)
+    project = load_resolved(paths)
+    names = [n for n in nodes.split(",") if n]
+    rpn = project.cluster.ranks_per_node
+    world = len(names) * rpn if names else project.cluster.nodes * rpn
+    dog = Watchdog(paths, project.monitor, world, job=job, model=model, suspects=suspects,
+                   expected=placement(names, rpn))
+    raise typer.Exit(serve(dog, job, output, offset))

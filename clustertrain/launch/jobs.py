@@ -22,11 +22,18 @@ job MinJobAge=300 s and has no completion log). ``key=value`` lines, written to 
     version=1
     state=COMPLETED          # COMPLETED (exit 0) | FAILED (exit != 0) | CANCELLED/TIMEOUT/... (SIGTERM from Slurm)
     exit_code=0              # the batch script's exit status (143 after SIGTERM)
-    restarts=1               # SLURM_RESTART_COUNT of the run that ended
+    restarts=1               # restarts before this job ended (requeues + resubmissions)
     ended=1795000100         # epoch seconds
+    next_job=43              # the job the script submitted to go on after a failure (empty: none)
 
 The script removes its job's marker when it starts (a requeued job runs again under the same id) and
 writes none when it requeues itself. A job killed without warning (node failure, SIGKILL) leaves none.
+
+Resubmissions. After a hang, a lost rank or a rank Slurm reports killed by a signal, the batch script submits
+itself again as a new job that excludes the blamed nodes (``sbatch --exclude``; see
+``launch/templates/sbatch.sh.j2``) and names it in its end marker's ``next_job``. :func:`read_records` adds a record
+for each such successor the run does not have yet (same model, name and script; ``submitted`` = the marker's
+``ended``), so the run's newest record is always the job that carries it on.
 """
 
 from __future__ import annotations
@@ -74,8 +81,9 @@ class EndMarker(StoredModel):
     job_id: str = Field(..., description="Slurm job id (the file's name).")
     state: str = Field(..., pattern=SLURM_STATE, description="Final Slurm state as the script saw it.")
     exit_code: int | None = Field(None, description="The batch script's exit status.")
-    restarts: int = Field(0, description="SLURM_RESTART_COUNT of the run that ended.")
+    restarts: int = Field(0, description="Restarts before this job ended (requeues + resubmissions).")
     ended: float | None = Field(None, description="When it ended (Unix seconds).")
+    next_job: str | None = Field(None, pattern=r"^[0-9]+$", description="The job submitted to go on after a failure.")
 
 
 def scripts_dir(paths: RunPaths) -> Path:
@@ -107,6 +115,7 @@ def new_script_path(paths: RunPaths) -> Path:
 
 
 def read_records(paths: RunPaths) -> list[JobRecord]:
+    """The run's job records, oldest first, with the successors the batch scripts submitted (module docstring)."""
     try:
         lines = paths.jobs.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
@@ -117,7 +126,24 @@ def read_records(paths: RunPaths) -> list[JobRecord]:
             out.append(parse_record(json.loads(line), JobRecord, str(paths.jobs)))
         except (ValueError, RunDirError):
             continue  # a damaged line is skipped, not fatal
-    return out
+    return _with_successors(paths, out)
+
+
+def _with_successors(paths: RunPaths, records: list[JobRecord]) -> list[JobRecord]:
+    known = {r.job_id for r in records}
+    i = 0
+    while i < len(records):
+        record = records[i]
+        marker = read_end_marker(paths, record.job_id)
+        if marker is not None and marker.next_job and marker.next_job not in known:
+            old = f"{record.job_id}.out"
+            output = record.output[: -len(old)] + f"{marker.next_job}.out" if record.output.endswith(old) else record.output
+            records.append(record.model_copy(update={
+                "job_id": marker.next_job, "output": output, "submitted": marker.ended or record.submitted,
+                "state": None, "exit_code": None, "restarts": 0, "ended": None}))
+            known.add(marker.next_job)
+        i += 1
+    return records
 
 
 def _write(paths: RunPaths, records: list[JobRecord]) -> None:

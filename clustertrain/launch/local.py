@@ -5,7 +5,9 @@ environment: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0
 ``cluster.master_port`` or a free port) and run the same per-rank entry point that ``srun`` runs on a
 cluster, with their output in ``RUN_DIR/logs/rank<R>.log``. :meth:`LocalLauncher.wait` watches them: if any
 rank dies, the others are stopped within seconds and the failure names the rank and its last
-lines. SIGINT/SIGTERM to the launcher are forwarded as SIGTERM, so the ranks save and stop.
+lines. It also runs the hang watchdog (:class:`clustertrain.monitor.watchdog.Watchdog`) over the ranks' heartbeats:
+a hang ends the run within the watchdog's bound, with the ranks behind named and every rank's stack in
+``RUN_DIR/incidents/``. SIGINT/SIGTERM to the launcher are forwarded as SIGTERM, so the ranks save and stop.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from typing import Callable, Iterator
 from clustertrain.launch.backend import JobStatus
 from clustertrain.launch.local_ranks import reap_ranks, start_local_ranks, stop_ranks
 from clustertrain.launch.prepare import RunSpec
+from clustertrain.monitor.heartbeats import clear_heartbeats
+from clustertrain.monitor.watchdog import Watchdog
 from clustertrain.states import State
 
 POLL_S = 0.5
@@ -44,6 +48,7 @@ class LocalJob:
     failure: str | None = None
     stop_signal: str | None = None
     log_offsets: dict[int, int] = field(default_factory=dict)
+    watchdog: Watchdog | None = None
 
 
 @dataclass
@@ -61,11 +66,15 @@ class LocalLauncher:
 
     def submit(self, spec: RunSpec) -> str:
         cluster = spec.project.cluster
+        clear_heartbeats(spec.paths)  # every heartbeat the watchdog reads is this start's
+        now = time.time()
         started = start_local_ranks(rank_command(spec), cluster.ranks_per_node, spec.paths.rank_log,
-                                    port=cluster.master_port)
+                                    port=cluster.master_port, extra_env={"CLUSTERTRAIN_ALLOCATED_AT": f"{now:.3f}"})
         procs = [started[r] for r in sorted(started)]
         job_id = f"local-{procs[0].pid}"
-        self.jobs[job_id] = LocalJob(spec, procs, time.time())
+        watchdog = Watchdog(spec.paths, spec.project.monitor, len(procs), job=job_id, model=spec.entry.name,
+                            log=lambda m: print(f"clustertrain watchdog: {m}", file=sys.stderr, flush=True))
+        self.jobs[job_id] = LocalJob(spec, procs, now, watchdog=watchdog)
         return job_id
 
     def status(self, job_id: str) -> JobStatus:
@@ -113,6 +122,8 @@ class LocalLauncher:
                 codes = [p.poll() for p in job.procs]
                 if on_tick:
                     on_tick()
+                if job.watchdog is not None and job.watchdog.check() is not None:
+                    return self._end_incident(job)
                 bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
                 if bad:
                     time.sleep(0.5)  # peers failing for the same reason exit together
@@ -128,6 +139,14 @@ class LocalLauncher:
         finally:
             for s, handler in old.items():
                 signal.signal(s, handler)
+
+
+    def _end_incident(self, job: LocalJob) -> WaitResult:
+        """The watchdog found a hang or a lost rank and asked the ranks to exit: give them a moment, stop the rest."""
+        incident = job.watchdog.incident
+        reap_ranks(job.procs, 2 * job.spec.project.monitor.heartbeat_s + KILL_GRACE_S)  # then kills what is left
+        job.failure = f"{incident.verdict.message}; every rank's stack is in {incident.dir}"
+        return WaitResult(State.FAILED, 1, job.failure)
 
 
 def _cause(spec: RunSpec, bad: list[tuple[int, int]]) -> tuple[int, int]:

@@ -24,26 +24,42 @@ allocation) or ``plan.cluster_nodes`` exceeds the
 queue's ``max_count``
 the time limit leaves no room: ``signal_grace_s`` >=   error    ``cluster.time_limit``
 the limit, or less than one step + a save remains
-the stop signal's grace does not cover one step +      error    ``launch.signal_grace_s``
-a checkpoint save (step time from the plan)
+the stop signal's grace plus Slurm's KillWait does not  error    ``launch.signal_grace_s``
+cover one step + a checkpoint save (step time from
+the plan)
+the grace alone does not cover them: the save lands    warning  ``launch.signal_grace_s``
+only in KillWait, after the time limit
 periodic checkpoints never happen within one job       warning  ``models[i].training.checkpoint_every``
 checkpoints take over 10 % of the training time        warning  ``models[i].training.checkpoint_every``
 no time limit on a GPU project (the stop signal        warning  ``cluster.time_limit``
 cannot be planned)
 ``launch.env`` sets a variable aws-ofi-nccl sets        warning  ``launch.env.NAME``
 itself or that harms (nccl_presets.yaml ``discouraged``)
+``monitor.hang_ceiling_s`` is below                    warning  ``monitor.hang_ceiling_s``
+``hang_step_factor`` x the largest model's save (the
+watchdog would take a slow save for a hang)
 =====================================================  =======  ==============================================
 
-A checkpoint save is estimated as the model's fp32 weights and AdamW moments (12 bytes per parameter,
-what the built-in trainer writes) at :data:`SAVE_GBPS` (one writer), or the checkpoint file system's
-aggregate throughput when that is lower (``aws.fsx[].throughput`` x capacity). Stated, not measured.
+A checkpoint save takes what earlier runs of the model measured, where its run directory (the default one,
+``storage_layout(project).run_dir(model)``, holding the same architecture) recorded committed checkpoints: the
+longest of the last :data:`RECENT_SAVES` ``checkpoint`` events' save seconds (``threshold``) in
+``RUN_DIR/events.jsonl``. Otherwise it is planned: the model's fp32 weights and AdamW moments (12 bytes per
+parameter, what the built-in trainer writes) at :data:`SAVE_GBPS` (one writer), or the checkpoint file system's
+aggregate throughput when that is lower (``aws.fsx[].throughput`` x capacity). Each message says which.
+
+Slurm's stop sequence: ``--signal=B:USR2@signal_grace_s`` starts the stop save ``signal_grace_s`` before the
+time limit; at the limit Slurm sends SIGTERM and, :data:`KILL_WAIT_S` later, SIGKILL. So the save must land
+within the grace plus KillWait at the time limit. A preemption gives no KillWait: it signals the job and kills it
+after the partition's GraceTime (ParallelCluster configures no preemption: ``PreemptType=preempt/none``).
 No network call, nothing written; user mistakes become error findings.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -52,15 +68,35 @@ from clustertrain.findings import Finding
 from clustertrain.launch.config import LaunchConfig, launch_config_of
 from clustertrain.launch.presets import discouraged
 from clustertrain.layout import mount_of, off_mount_problems, storage_layout
+from clustertrain.monitor.records import EventKind, read_events
+from clustertrain.project import architecture_fingerprint
+from clustertrain.rundir import RunPaths
+from clustertrain.runstate import read_run_info
 
 if TYPE_CHECKING:
     from clustertrain.plan.plan import Plan
-    from clustertrain.project import Project
+    from clustertrain.project import ModelEntry, Project
 
 #: assumed checkpoint write bandwidth of one writer (rank 0), GB/s
 SAVE_GBPS = 1.0
 CHECKPOINT_BYTES_PER_PARAM = 12  # fp32 weights + AdamW exp_avg + exp_avg_sq
 MAX_SAVE_SHARE = 0.10
+#: a measured save is the longest of the model's last this many committed checkpoints (recent: the same cluster
+#: and file system; the longest: the stop save must not be the one that misses)
+RECENT_SAVES = 10
+#: Slurm's KillWait, seconds from SIGTERM to SIGKILL at the time limit: ParallelCluster's slurm.conf sets 30
+#: (aws-parallelcluster-cookbook, cookbooks/aws-parallelcluster-slurm/templates/default/slurm/slurm.conf.erb),
+#: which is also Slurm's default
+KILL_WAIT_S = 30
+
+
+@dataclass(frozen=True)
+class SaveTime:
+    """How long one checkpoint save of a model takes and where the figure comes from."""
+
+    seconds: float
+    how: str        # "measured: ..." or "planned at ..."
+    measured: bool
 
 
 def launch_findings(project: "Project", plan: "Plan | None" = None, launch: LaunchConfig | None = None,
@@ -182,46 +218,115 @@ def save_seconds(project: "Project", params: int) -> tuple[float, str]:
     return params * CHECKPOINT_BYTES_PER_PARAM / (gbps * 1e9), how
 
 
+def measured_save(paths: RunPaths) -> tuple[float, int] | None:
+    """(the longest of the last :data:`RECENT_SAVES` save times that ``paths`` recorded, how many were looked at),
+    or None when it recorded none."""
+    saves = [e.threshold for e in read_events(paths) if e.kind == EventKind.CHECKPOINT and e.threshold is not None]
+    recent = saves[-RECENT_SAVES:]
+    return (max(recent), len(recent)) if recent else None
+
+
+def save_time(project: "Project", entry: "ModelEntry", params: int) -> SaveTime:
+    """The model's save time: measured by earlier runs in its run directory when that holds the same architecture
+    (a changed model saves a different amount), else planned (:func:`save_seconds`)."""
+    paths = RunPaths(storage_layout(project).run_dir(entry.name))
+    try:
+        info = read_run_info(paths)
+    except ClusterTrainError:
+        info = None  # a damaged run.json: nothing measured can be trusted to be this model's
+    found = measured_save(paths) if info and info.fingerprint == architecture_fingerprint(project, entry) else None
+    if found is not None:
+        seconds, count = found
+        which = f"the longest of the last {count} saves" if count > 1 else "the one save"
+        return SaveTime(seconds, f"measured: {which} in {paths.events}", True)
+    seconds, how = save_seconds(project, params)
+    return SaveTime(seconds, f"planned at {how}", False)
+
+
 def time_findings(project: "Project", plan: "Plan", launch: LaunchConfig, models: list[str] | None) -> list[Finding]:
     limit = project.cluster.time_limit_seconds
     grace = launch.signal_grace_s
-    out: list[Finding] = []
     if limit is not None and limit <= grace:
         return [Finding("error", "cluster.time_limit", f"{project.cluster.time_limit} is not longer than "
                         f"launch.signal_grace_s ({grace} s): the stop signal would come as the job starts",
                         "raise cluster.time_limit or lower launch.signal_grace_s")]
+    out: list[Finding] = []
+    saves: list[tuple[str, SaveTime]] = []
     timed = False
     for index, entry in enumerate(project.models):
+        if models is not None and entry.name not in models:
+            continue
         m = plan.model(entry.name)
-        if (models is not None and entry.name not in models) or m.step_time_s is None:
+        save = save_time(project, entry, m.params)
+        saves.append((entry.name, save))
+        if m.step_time_s is None:
             continue
         timed = True
-        step = m.step_time_s
-        save, how = save_seconds(project, m.params)
-        need = step + save
-        where = f"{entry.name}: one step ({step:.1f} s, the plan's estimate) + a checkpoint save ({save:.0f} s at {how})"
-        if grace < need:
-            out.append(Finding("error", "launch.signal_grace_s", f"{grace} s is less than {where}: the job is killed "
-                               "before its stop checkpoint is written", f"set launch.signal_grace_s to at least {int(need * 1.5) + 1}"))
-        if limit is not None and limit - grace < need:
-            out.append(Finding("error", "cluster.time_limit", f"{project.cluster.time_limit} less the {grace} s grace leaves "
-                               f"less than {where}", "raise cluster.time_limit"))
-            continue
-        interval = entry.training.checkpoint_every * step
-        if limit is not None and interval > limit - grace:
-            out.append(Finding("warning", f"models[{index}].training.checkpoint_every",
-                               f"{entry.name}: every {entry.training.checkpoint_every} steps is {interval / 3600:.1f} h at the "
-                               f"plan's step time, longer than one job ({project.cluster.time_limit} less the grace): only "
-                               "the stop signal's checkpoint saves progress, a crash loses the whole job",
-                               f"lower checkpoint_every to at most {max(1, int((limit - grace) / step / 2))}"))
-        elif save / (interval + save) > MAX_SAVE_SHARE:
-            out.append(Finding("warning", f"models[{index}].training.checkpoint_every",
-                               f"{entry.name}: a checkpoint every {entry.training.checkpoint_every} steps "
-                               f"({interval:.0f} s) takes {save:.0f} s to write ({how}): "
-                               f"{save / (interval + save):.0%} of the time goes to saving",
-                               f"raise checkpoint_every to at least {int(save / MAX_SAVE_SHARE / step) + 1}"))
+        stop = stop_findings(project, entry.name, m.step_time_s, save, grace)
+        out += stop
+        if not any(f.path == "cluster.time_limit" for f in stop):
+            out += interval_findings(project, index, entry, m.step_time_s, save, grace)
     if timed and limit is None:
-        out.append(Finding("warning", "cluster.time_limit", "not set: the partition's limit applies, so when (and whether) "
-                           "the stop signal comes cannot be checked against the step and checkpoint times",
+        out.append(Finding("warning", "cluster.time_limit", "not set: the partition's limit applies, so when (and "
+                           "whether) the stop signal comes cannot be checked against the step and checkpoint times",
                            "set cluster.time_limit, e.g. \"48:00:00\""))
+    return out + hang_findings(project, saves)
+
+
+def stop_findings(project: "Project", name: str, step: float, save: SaveTime, grace: int) -> list[Finding]:
+    """The stop save (one step, then a checkpoint) against the grace, Slurm's KillWait and the time limit."""
+    limit = project.cluster.time_limit_seconds
+    need = step + save.seconds
+    where = (f"{name}: one step ({step:.1f} s, the plan's estimate) + a checkpoint save ({save.seconds:.0f} s, "
+             f"{save.how})")
+    fix = f"set launch.signal_grace_s to at least {int(need * 1.5) + 1}"
+    out: list[Finding] = []
+    if grace + KILL_WAIT_S < need:
+        out.append(Finding("error", "launch.signal_grace_s", f"{grace} s, plus Slurm's KillWait ({KILL_WAIT_S} s) at "
+                           f"the time limit, is less than {where}: the job is killed before its stop checkpoint is "
+                           "written", fix))
+    elif grace < need:
+        out.append(Finding("warning", "launch.signal_grace_s", f"{grace} s is less than {where}: the stop "
+                           "checkpoint lands only after the time limit, in Slurm's KillWait (SIGTERM, then SIGKILL "
+                           f"{KILL_WAIT_S} s later), and a preemption gives no KillWait", fix))
+    if limit is not None and limit - grace < need:
+        out.append(Finding("error", "cluster.time_limit", f"{project.cluster.time_limit} less the {grace} s grace "
+                           f"leaves less than {where}", "raise cluster.time_limit"))
     return out
+
+
+def interval_findings(project: "Project", index: int, entry: "ModelEntry", step: float, save: SaveTime,
+                      grace: int) -> list[Finding]:
+    """Periodic checkpoints: at least one per job, and not more than :data:`MAX_SAVE_SHARE` of the time saving."""
+    limit = project.cluster.time_limit_seconds
+    every = entry.training.checkpoint_every
+    interval = every * step
+    field = f"models[{index}].training.checkpoint_every"
+    if limit is not None and interval > limit - grace:
+        return [Finding("warning", field, f"{entry.name}: every {every} steps is {interval / 3600:.1f} h at the plan's "
+                        f"step time, longer than one job ({project.cluster.time_limit} less the grace): only the stop "
+                        "signal's checkpoint saves progress, a crash loses the whole job",
+                        f"lower checkpoint_every to at most {max(1, int((limit - grace) / step / 2))}")]
+    share = save.seconds / (interval + save.seconds)
+    if share > MAX_SAVE_SHARE:
+        return [Finding("warning", field, f"{entry.name}: a checkpoint every {every} steps ({interval:.0f} s) takes "
+                        f"{save.seconds:.0f} s to write ({save.how}): {share:.0%} of the time goes to saving",
+                        f"raise checkpoint_every to at least {int(save.seconds / MAX_SAVE_SHARE / step) + 1}")]
+    return []
+
+
+def hang_findings(project: "Project", saves: list[tuple[str, SaveTime]]) -> list[Finding]:
+    """The watchdog's ceiling against the longest save: a save gets ``hang_step_factor`` x its measured time, never
+    more than ``hang_ceiling_s`` (the first save of a job, unmeasured yet, gets the ceiling)."""
+    if not saves:
+        return []
+    monitor = project.monitor
+    name, save = max(saves, key=lambda item: item[1].seconds)
+    bound = monitor.hang_step_factor * save.seconds
+    if monitor.hang_ceiling_s >= bound:
+        return []
+    return [Finding("warning", "monitor.hang_ceiling_s", f"{monitor.hang_ceiling_s:g} s is shorter than "
+                    f"monitor.hang_step_factor ({monitor.hang_step_factor:g}) x {name}'s checkpoint save "
+                    f"({save.seconds:.0f} s, {save.how}): the watchdog would take a slow save for a hang and end the "
+                    "job",
+                    f"raise monitor.hang_ceiling_s to at least {math.ceil(bound)}")]

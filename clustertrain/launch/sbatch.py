@@ -43,7 +43,9 @@ from clustertrain.templating import environment
 TEMPLATES = Path(__file__).parent / "templates"
 TEMPLATE = "sbatch.sh.j2"
 OUTPUT_PATTERN = "%x-%j.out"  # job name - job id
+CONTAINER_NAME = "clustertrain"  # Pyxis named container of the ranks' step (job-scoped), joined by the watchdog
 _BAD_CHARS = ("\n", "\r", "\0")
+NODE_NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,12 @@ class SbatchRequest:
     #: what each rank runs; empty: ``python -m clustertrain train --run-dir RUN_DIR --model MODEL`` (the rehearsal
     #: swaps in its payload here and nowhere else)
     rank_command: tuple[str, ...] = ()
+    #: nodes the job must not use (``--exclude``): the project's suspect nodes (clustertrain.launch.exclusion)
+    exclude: tuple[str, ...] = ()
+    #: run the hang watchdog step beside the ranks (clustertrain.monitor.watchdog)
+    watchdog: bool = True
+    #: the project's suspect list, where the watchdog blames nodes (None: blame nobody)
+    suspects: Path | None = None
 
     @property
     def output(self) -> str:
@@ -92,6 +100,12 @@ class SbatchRequest:
     def output_for(self, job_id: str) -> Path:
         """The output file of job ``job_id`` (what Slurm makes of :attr:`output`)."""
         return self.log_dir / OUTPUT_PATTERN.replace("%x", self.job_name).replace("%j", str(job_id))
+
+    @property
+    def output_prefix(self) -> str:
+        """:meth:`output_for` up to the job id, for the script to complete with ``$SLURM_JOB_ID.out``."""
+        prefix, _ = OUTPUT_PATTERN.replace("%x", self.job_name).split("%j")
+        return str(self.log_dir / prefix)
 
 
 def sbatch_quote(value: str) -> str:
@@ -142,10 +156,10 @@ def interpreter(project: Project, launch: LaunchConfig | None = None) -> str:
 
 def build_request(project: Project, entry: ModelEntry, run_dir: Path, *, launch: LaunchConfig | None = None,
                   job_name: str | None = None, python: str | None = None, nodes: int | None = None,
-                  submit_command: str | None = None) -> SbatchRequest:
+                  submit_command: str | None = None, exclude: tuple[str, ...] = ()) -> SbatchRequest:
     """The batch request for one model. ``python`` defaults to :func:`interpreter`; ``nodes`` to the model's
     node count (:func:`clustertrain.plan.nodes.nodes_for`: its pinned count, the plan's allocation, or
-    ``cluster.nodes``)."""
+    ``cluster.nodes``); ``exclude``: nodes the job must not use (the project's suspects)."""
     launch = launch or launch_config_of(project)
     cluster = project.cluster
     run_dir = Path(run_dir).absolute()
@@ -181,6 +195,7 @@ def build_request(project: Project, entry: ModelEntry, run_dir: Path, *, launch:
         container_env=tuple(dict.fromkeys([*RANK_VARIABLES, *env.set, "PYTHONUNBUFFERED"])) if image else (),
         sbatch_args=tuple(launch.sbatch_args), srun_args=tuple(launch.srun_args),
         submit_command=submit_command or f"clustertrain submit PROJECT --model {entry.name}",
+        exclude=tuple(exclude), suspects=storage_layout(project).suspects_file().absolute(),
     )
     check_request(request)
     return request
@@ -193,6 +208,10 @@ def check_request(request: SbatchRequest) -> None:
     for name in [*request.env.set, *request.env.prepend, *request.container_env]:
         if not ENV_NAME_RE.match(name):
             raise LaunchError(f"environment variable name {name!r} is not valid (letters, digits, '_')")
+    for node in request.exclude:
+        if not NODE_NAME_RE.match(node):
+            raise LaunchError(f"node name {node!r} cannot be excluded: Slurm node names are letters, digits, '.', '_', "
+                              "'-'; remove it from the suspect list with `clustertrain nodes clear`")
     if not request.job_name or "/" in request.job_name:
         raise LaunchError(f"job name {request.job_name!r} must be non-empty and contain no '/' "
                           "(it becomes part of the output file name)")
@@ -218,7 +237,32 @@ def _environment() -> jinja2.Environment:
 def render_script(request: SbatchRequest) -> str:
     """The batch script text of ``request``."""
     check_request(request)
-    return render_template(TEMPLATE, r=request, srun=srun_command(request))
+    wd_srun, wd_command = watchdog_command(request)
+    return render_template(TEMPLATE, r=request, srun=srun_command(request), wd_srun=wd_srun, wd_command=wd_command)
+
+
+def _container_args(request: SbatchRequest) -> list[str]:
+    """Pyxis options of the ranks' step, also used by the watchdog's step: the named container (job-scoped) is
+    created by the ranks' step and joined by the watchdog's, so the image is unpacked once per node."""
+    if not request.container_image:
+        return []
+    return [f"--container-image={request.container_image}", f"--container-name={CONTAINER_NAME}",
+            f"--container-mounts={','.join(request.container_mounts)}",
+            f"--container-env={','.join(request.container_env)}",
+            f"--container-workdir={request.run_dir}", "--no-container-mount-home"]
+
+
+def watchdog_command(request: SbatchRequest) -> tuple[list[str], list[str]]:
+    """The watchdog step: (srun and its options, the command), unquoted; the template puts the batch node
+    (``--nodelist="$SLURMD_NODENAME"``) between them and the job's own options (``--job``, ``--nodes``...) after.
+    One task, overlapping the ranks' step."""
+    srun = ["srun", "--overlap", "--nodes=1", "--ntasks=1", "--ntasks-per-node=1", "--cpus-per-task=1",
+            *_container_args(request)]
+    command = [request.python, "-m", "clustertrain", "watchdog", "--run-dir", str(request.run_dir),
+               "--model", request.model]
+    if request.suspects is not None:
+        command += ["--suspects", str(request.suspects)]
+    return srun, command
 
 
 def srun_command(request: SbatchRequest) -> list[str]:
@@ -226,11 +270,7 @@ def srun_command(request: SbatchRequest) -> list[str]:
     argv = ["srun", "--kill-on-bad-exit=1", f"--nodes={request.nodes}", f"--ntasks-per-node={request.ntasks_per_node}"]
     if request.cpus_per_task:
         argv.append(f"--cpus-per-task={request.cpus_per_task}")  # 22.05+: srun no longer inherits it from sbatch
-    if request.container_image:
-        argv += [f"--container-image={request.container_image}",
-                 f"--container-mounts={','.join(request.container_mounts)}",
-                 f"--container-env={','.join(request.container_env)}",
-                 f"--container-workdir={request.run_dir}", "--no-container-mount-home"]
+    argv += _container_args(request)
     argv += list(request.srun_args)
     if request.rank_command:
         return argv + list(request.rank_command)

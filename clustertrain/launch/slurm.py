@@ -142,9 +142,9 @@ class SlurmLauncher:
     # -- beyond the protocol ----------------------------------------------------------------------
 
     def request_for(self, project: Project, spec: "RunSpec", job_name: str | None = None,
-                    nodes: int | None = None) -> SbatchRequest:
+                    nodes: int | None = None, exclude: tuple[str, ...] = ()) -> SbatchRequest:
         return build_request(project, spec.entry, spec.paths.root, launch=self.launch, job_name=job_name, nodes=nodes,
-                             submit_command=self.submit_command)
+                             submit_command=self.submit_command, exclude=exclude)
 
     def submit_request(self, paths: RunPaths, request: SbatchRequest, text: str | None = None) -> str:
         """Write the script of ``request`` (``text``: that script as already rendered), sbatch it, record the job;
@@ -227,6 +227,7 @@ class Submitted:
     run_dir: Path
     job_id: str | None  # None for a dry run
     script: str
+    notes: tuple[str, ...] = ()  # one line each: suspect nodes excluded or not (clustertrain.launch.exclusion)
 
 
 def submit_project(project: Project, model: str | None, run_dir: Path | None, resume: bool,
@@ -253,12 +254,17 @@ def submit_project(project: Project, model: str | None, run_dir: Path | None, re
         return out
     from clustertrain.launch.prepare import prepare_run
 
+    from clustertrain.launch.exclusion import exclusions
+
     specs = [prepare_run(project, e, run_dir_for(project, e, run_dir, several), resume=resume) for e in entries]
-    requests = [launcher.request_for(project, spec, nodes=nodes[spec.entry.name]) for spec in specs]
+    excluded = {spec.entry.name: exclusions(project, launcher.env, nodes[spec.entry.name]) for spec in specs}
+    requests = [launcher.request_for(project, spec, nodes=nodes[spec.entry.name],
+                                     exclude=tuple(excluded[spec.entry.name].exclude)) for spec in specs]
     out = []
     for spec, request in zip(specs, requests):
         job_id = launcher.submit_request(spec.paths, request)
-        out.append(Submitted(spec.entry.name, spec.paths.root, job_id, str(find_record(spec.paths, job_id).script)))
+        out.append(Submitted(spec.entry.name, spec.paths.root, job_id, str(find_record(spec.paths, job_id).script),
+                             tuple(excluded[spec.entry.name].notes)))
     return out
 
 

@@ -13,11 +13,16 @@ Example::
       throughput_drop: 0.5      # tokens/s below half the median of the window
       straggler_factor: 1.5     # a rank's data/compute time above 1.5 x its peers' median ...
       straggler_steps: 3        # ... at 3 logged steps in a row
+      heartbeat_s: 5            # each rank's heartbeat (step, phase) -> RUN_DIR/heartbeat/rank<R>.json
+      hang_floor_s: 30          # no progress for max(hang_floor_s, hang_step_factor x step time) is a hang ...
+      hang_step_factor: 3
+      hang_ceiling_s: 900       # ... and never longer than this (start-up, first step, checkpoint saves)
+      suspect_ttl_h: 24         # a node blamed for a hang or crash is excluded from this project's jobs this long
 """
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from clustertrain.schema import StrictModel
 
@@ -44,3 +49,31 @@ class MonitorConfig(StrictModel):
         "is slow at that step.",
     )
     straggler_steps: int = Field(3, ge=1, description="Logged steps in a row a rank must be slow to become a straggler event.")
+    heartbeat_s: float = Field(
+        5.0, ge=0.5, le=60, description="Seconds between two writes of each rank's heartbeat (its step, phase and a "
+        "liveness stamp; RUN_DIR/heartbeat/rank<R>.json, one small in-place write, no file created).",
+    )
+    hang_floor_s: float = Field(
+        30.0, ge=5, le=3600, description="The least time without progress that counts as a hang (the watchdog then "
+        "names the ranks behind, dumps every rank's stack and ends the job).",
+    )
+    hang_step_factor: float = Field(
+        3.0, ge=1.5, le=100, description="A hang is no progress for max(hang_floor_s, this x the measured step time); "
+        "a checkpoint save gets this x its measured save time.",
+    )
+    hang_ceiling_s: float = Field(
+        900.0, ge=30, le=86400, description="The longest time without progress before a hang is declared, whatever "
+        "the step time: also the bound of the phases with no measurement yet (start-up, the first step, the first "
+        "checkpoint save).",
+    )
+    suspect_ttl_h: float = Field(
+        24.0, gt=0, le=24 * 90, description="Hours a node blamed for a hang, a lost rank or failed GPU health stays on "
+        "the project's suspect list (jobs of the project exclude it; `clustertrain nodes clear` ends it sooner).",
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "MonitorConfig":
+        if self.hang_floor_s > self.hang_ceiling_s:
+            raise ValueError(f"monitor.hang_floor_s ({self.hang_floor_s:g}) is above monitor.hang_ceiling_s "
+                             f"({self.hang_ceiling_s:g}); lower the floor or raise the ceiling")
+        return self

@@ -11,8 +11,11 @@ sampler: GPU events; one writer per file, so no two nodes append to one file on 
      "rank": 3, "node": "node-2", "gpu": null, "part": "data", "value": 0.412, "threshold": 0.0165}
 
 Kinds (:class:`EventKind`): ``nonfinite`` (error: the run stopped), ``loss_spike``, ``throughput_drop``,
-``straggler`` (rank 0); ``gpu_temperature``, ``gpu_throttle``, ``gpu_ecc``, ``gpu_xid``, ``sampler_failed``
-(the sampler).
+``straggler``, ``stop_signal``, ``preempt_save`` (``value``: seconds from the signal to the committed checkpoint,
+``threshold``: the seconds the signal gave), ``checkpoint`` (``value``: seconds training stalled for the save,
+``threshold``: seconds until it was committed) (rank 0); ``gpu_temperature``, ``gpu_throttle``, ``gpu_ecc``,
+``gpu_xid``, ``sampler_failed`` (the sampler); ``hang``, ``rank_lost``, ``node_suspect`` (the watchdog,
+:mod:`clustertrain.monitor.watchdog`).
 
 ``timing/rank<R>.jsonl`` (each rank its own; :class:`TimingRow`): one line per logged step, the mean per step
 over the steps since the previous logged one::
@@ -36,7 +39,10 @@ one :class:`Attempt` per start of the ranks (a requeue, a resume), so GPU-hours 
      "world_size": 16, "step_start": 0, "step": 120, "pid": 777, "host": "node-1"}]}
 
 ``gpus`` counts the attempt's GPUs, or its ranks when it trains on CPUs; ``last`` is the last time rank 0 was
-seen alive (a killed attempt's end).
+seen alive (a killed attempt's end). For the goodput account (:mod:`clustertrain.monitor.goodput`) an attempt also
+records ``allocated`` (when its allocation began), ``first_step`` (when its first step finished), ``stall_s``
+(seconds training waited for checkpoint saves), ``saved_step``/``saved_at`` (its last committed checkpoint) and
+``step_time_s`` (the mean step time at the last logged step).
 """
 
 from __future__ import annotations
@@ -67,6 +73,12 @@ class EventKind(StrEnum):
     GPU_ECC = "gpu_ecc"
     GPU_XID = "gpu_xid"
     SAMPLER_FAILED = "sampler_failed"
+    HANG = "hang"                    # the watchdog: no progress past the bound (names the ranks behind)
+    RANK_LOST = "rank_lost"          # the watchdog: a rank's heartbeat stopped (process or node gone)
+    NODE_SUSPECT = "node_suspect"    # a node went on the project's suspect list (clustertrain.monitor.suspects)
+    STOP_SIGNAL = "stop_signal"      # rank 0 got the stop signal (preemption, time limit, scancel --signal)
+    PREEMPT_SAVE = "preempt_save"    # the checkpoint saved because of it is committed: value = seconds after the signal
+    CHECKPOINT = "checkpoint"        # a checkpoint committed: value = seconds training stalled for it, threshold = save s
 
 
 class Severity(StrEnum):
@@ -194,6 +206,13 @@ class Attempt(StoredModel):
     step: int = Field(0, description="The last step it trained.")
     pid: int | None = Field(None, description="Rank 0's process id.")
     host: str | None = Field(None, description="Rank 0's node.")
+    allocated: float | None = Field(None, description="When the job's allocation began (the batch script's start, "
+                                    "CLUSTERTRAIN_ALLOCATED_AT; the local launcher's start).")
+    first_step: float | None = Field(None, description="When the attempt's first step finished.")
+    stall_s: float = Field(0.0, description="Seconds training stalled for checkpoint saves in this attempt.")
+    saved_step: int | None = Field(None, description="The step of the last checkpoint this attempt committed.")
+    saved_at: float | None = Field(None, description="When that checkpoint was committed.")
+    step_time_s: float | None = Field(None, description="The mean step time at the last logged step.")
 
     def end_time(self, now: float) -> float:
         """When the attempt stopped costing: its end, ``now`` while it runs, else its last sign of life."""

@@ -36,21 +36,48 @@ def load_resolved(paths: RunPaths, rank: int = 0) -> Project:
 
 
 def run_rank(run_dir: Path, model_name: str) -> int:
-    import torch
-
-    from clustertrain.monitor.sampler import start_sampler, stop_sampler
-    from clustertrain.train.backup import CheckpointBackup
-    from clustertrain.train.hooks import Injections
-    from clustertrain.train.distributed import RankEnv, init_process_group, shutdown_process_group
+    """One rank: its heartbeat (:mod:`clustertrain.train.heartbeat`) from the start, then training; the heartbeat's last
+    record says how the rank left (done, its own error, or a failure)."""
+    from clustertrain.monitor.heartbeats import EXIT_WATCHDOG
+    from clustertrain.train.distributed import RankEnv
+    from clustertrain.train.heartbeat import Beacon
     from clustertrain.train.signals import StopRequest
-    from clustertrain.train.trainer import Trainer, write_status
-    from clustertrain.train.watch import node_name
+    from clustertrain.train.watch import job_id, node_name
 
     stop = StopRequest().install()
     paths = RunPaths(Path(run_dir))
     env = RankEnv.from_environ()
     project = load_resolved(paths, env.rank)
     entry = project.model(model_name)
+    beacon = Beacon(paths, env.rank, node_name(), project.monitor.heartbeat_s, job=job_id()).start()
+    try:
+        code = _train(project, entry, paths, env, stop, beacon)
+    except ClusterTrainError:
+        beacon.close("error")  # the watchdog: this rank stopped with its own one-line reason (a restart will not help)
+        raise
+    except BaseException:
+        incident = beacon.ended_by_watchdog()
+        beacon.close("failed")
+        if incident:  # a peer left as the watchdog asked: no traceback for a consequence
+            print(f"[clustertrain] rank {env.rank}: stopped with the others (watchdog incident {incident})",
+                  file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(EXIT_WATCHDOG)
+        raise
+    beacon.close("done")
+    return code
+
+
+def _train(project, entry, paths: RunPaths, env, stop, beacon) -> int:
+    import torch
+
+    from clustertrain.monitor.sampler import start_sampler, stop_sampler
+    from clustertrain.train.backup import CheckpointBackup
+    from clustertrain.train.distributed import init_process_group, shutdown_process_group
+    from clustertrain.train.hooks import Injections
+    from clustertrain.train.trainer import Trainer, write_status
+    from clustertrain.train.watch import node_name
+
     cluster = project.cluster
     if cluster.gpus_per_node > 0:
         if not torch.cuda.is_available():
@@ -74,7 +101,7 @@ def run_rank(run_dir: Path, model_name: str) -> int:
     sampler = start_sampler(paths, node_name(), project.monitor) if env.local_rank == 0 else None  # one per node
     try:
         backup = CheckpointBackup.for_run(project, entry, log=_log) if env.rank == 0 else None
-        trainer = Trainer(project, entry, paths, env, device, injections=injections, backup=backup)
+        trainer = Trainer(project, entry, paths, env, device, injections=injections, backup=backup, beacon=beacon)
         outcome = trainer.fit(stop)
     finally:
         stop_sampler(sampler)
@@ -82,6 +109,7 @@ def run_rank(run_dir: Path, model_name: str) -> int:
         write_status(paths, outcome, backup)
     shutdown_process_group()  # the other ranks exit now; rank 0 waits for its last backup alone
     if backup is not None:
+        beacon.phase("upload")  # not a hang however long it takes (clustertrain.monitor.hang.UNBOUNDED)
         if backup.busy():
             _log(f"waiting for the backup of {outcome.checkpoint.name if outcome.checkpoint else 'the last checkpoint'}")
         backup.close()

@@ -7,6 +7,7 @@ A second SIGINT interrupts at once.
 from __future__ import annotations
 
 import signal
+import time
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)
 
@@ -14,6 +15,7 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)
 class StopRequest:
     def __init__(self) -> None:
         self.signal_name: str | None = None
+        self.received: float | None = None  # when the first stop signal came (Unix seconds)
 
     def install(self) -> "StopRequest":
         for sig in STOP_SIGNALS:
@@ -24,6 +26,8 @@ class StopRequest:
         if self.signal_name is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.signal_name = signal.Signals(signum).name
+        if self.received is None:
+            self.received = time.time()
 
     @property
     def requested(self) -> bool:

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
@@ -29,6 +32,7 @@ from clustertrain.states import State
 from clustertrain.train.backup import CheckpointBackup, is_due
 from clustertrain.train.checkpoint import CheckpointManager, check_ownership, clean_stale, find_latest, read_meta
 from clustertrain.train.distributed import RankEnv
+from clustertrain.train.heartbeat import Beacon
 from clustertrain.train.hooks import Injections
 from clustertrain.train.layout import LayoutError, ParallelLayout, resolve_layout
 from clustertrain.train.metrics import MetricsWriter, peak_flops_for
@@ -49,6 +53,7 @@ class Outcome:
     checkpoint: Path | None
     signal: str | None = None
     backup: str | None = None  # kept for callers; status.json's backup fields come from CheckpointBackup
+    stop_saved_s: float | None = None  # STOPPED: seconds from the stop signal to the committed stop checkpoint
 
 
 class NonFinite(Exception):
@@ -74,10 +79,11 @@ def layout_for(project: Project, entry: ModelEntry, world_size: int, on_gpu: boo
 
 class Trainer:
     def __init__(self, project: Project, entry: ModelEntry, paths: RunPaths, env: RankEnv, device: torch.device,
-                 resume: bool = True, injections: Injections = Injections(), backup: CheckpointBackup | None = None):
+                 resume: bool = True, injections: Injections = Injections(), backup: CheckpointBackup | None = None,
+                 beacon: Beacon | None = None):
         self.project, self.entry, self.paths, self.env, self.device = project, entry, paths, env, device
         self.cfg = cfg = entry.training
-        self.injections, self.backup = injections, backup
+        self.injections, self.backup, self.beacon = injections, backup, beacon
         self.layout = layout_for(project, entry, env.world_size, device.type == "cuda")
         self.dp_rank = self.layout.dp_rank(env.rank)
         self.accum = cfg.global_batch // (cfg.micro_batch * self.layout.dp)
@@ -104,6 +110,7 @@ class Trainer:
         self.ctrl = dist.new_group(backend="gloo") if dist.is_initialized() else None
         self._stop_flag: torch.Tensor | None = None
         self._stop_work = None
+        self._save_started: dict[int, float] = {}  # step -> when its save began (rank 0: the save's duration)
         self.ckpt = CheckpointManager(
             paths.checkpoints, cfg.keep_last, architecture_fingerprint(project, entry), project.name, entry.name,
             env.rank, env.world_size, layout=self.layout.to_dict(),
@@ -177,18 +184,33 @@ class Trainer:
             data = data.pin_memory().to(self.device, non_blocking=True)
         return data[:, :-1], data[:, 1:]
 
+    def _phase(self, name: str) -> None:
+        if self.beacon is not None:
+            self.beacon.phase(name)
+
+    @contextmanager
+    def _forward(self) -> Iterator[None]:
+        """The forward pass: timed, and the heartbeat's phase is forward, then backward once it returns."""
+        self._phase("forward")
+        with self.timer.forward(self.device):
+            yield
+        self._phase("backward")
+
     def _train_step(self) -> tuple[torch.Tensor, torch.Tensor]:
         timer = self.timer
         loss_sum = torch.zeros((), device=self.device)
         scale = float("nan") if self.injections.nan_at_step == self.step + 1 else 1.0 / self.accum
         for micro in range(self.accum):
+            self._phase("data")
             with timer.part("data"):
                 x, y = self._batch(micro)
             with timer.part("compute"):
                 loss_sum += self.pm.forward_backward(x, y, scale, sync=micro == self.accum - 1,
-                                                     timed_forward=lambda: timer.forward(self.device))
+                                                     timed_forward=self._forward)
+        self._phase("collective" if self._norm_part == "comm" else "optimizer")
         with timer.part(self._norm_part):
             grad_norm = self.pm.clip_grad_norm_(self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf"))
+        self._phase("optimizer")
         with timer.part("compute"):
             if not bool(torch.isfinite(grad_norm)):  # the global norm: every rank stops at the same step
                 raise NonFinite(self.step + 1, "gradient norm", float(grad_norm))
@@ -201,6 +223,7 @@ class Trainer:
         """True when some rank had a stop request by the previous step boundary (the same answer on every rank)."""
         if not dist.is_initialized():
             return stop.requested
+        self._phase("collective")
         with self.timer.part("comm"):
             agreed = self._finish_stop_check()
         self._stop_flag = torch.tensor([1 if stop.requested else 0], dtype=torch.int32)
@@ -216,6 +239,14 @@ class Trainer:
 
     def _save(self, final: bool) -> None:
         """Save at this step: asynchronously unless it is the run's last save (then wait, so it is committed)."""
+        self._phase("checkpoint")
+        started = time.perf_counter()
+        self._save_started[self.step] = time.time()
+        self._save_now(final)
+        if self.watch:
+            self.watch.stalled(time.perf_counter() - started)
+
+    def _save_now(self, final: bool) -> None:
         self.train_state.consumed_samples = self.step * self.cfg.global_batch
         if final:  # an async save still in flight is committed here, not inside the synchronous save that drops it
             self._committed(self.ckpt.wait())
@@ -233,10 +264,17 @@ class Trainer:
         self.saved = path
         log(self.env.rank, f"saved checkpoint {path}")
         step = read_meta(path).step
+        started = self._save_started.pop(step, None)
+        seconds = time.time() - started if started is not None else None
+        if seconds is not None and self.beacon is not None:
+            self.beacon.saved(seconds)
+        if self.watch:
+            self.watch.committed(step, path, seconds, self._stop_received if self._stopping else None)
         if self.backup is not None and (step == self.cfg.max_steps or self._stopping or is_due(self.entry, step)):
             self.backup.submit(path)
 
     def _log_row(self, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float, step_time: float) -> None:
+        self._phase("collective")
         with self.timer.part("comm"):  # counted in the next interval: this one's means travel in the gather
             losses, timings = self.timer.gather(float(loss), self.ctrl, self.env.world_size)
         mean_loss = sum(losses) / len(losses)  # every rank of a tensor-parallel group holds its dp rank's loss
@@ -267,6 +305,7 @@ class Trainer:
                   f"steps {self.step}->{cfg.max_steps}")
         self.saved: Path | None = None
         self._stopping = False
+        self._stop_received: float | None = None
         self.pm.train()
         try:
             return self._fit(stop)
@@ -302,8 +341,12 @@ class Trainer:
         try:
             while self.step < cfg.max_steps:
                 t0 = time.perf_counter()
+                if self.beacon is not None:
+                    self.beacon.phase("data", step=self.step + 1)
                 if self.injections.fail_at_step is not None and self.step + 1 >= self.injections.fail_at_step:
                     raise RuntimeError(f"injected failure at step {self.step + 1} (CLUSTERTRAIN_INJECT_FAILURE)")
+                if self.injections.hang_at_step == self.step + 1:
+                    self._hang()
                 lr = lr_at(self.step, cfg)
                 loss, grad_norm = self._train_step()
                 self.train_state.step += 1
@@ -312,11 +355,19 @@ class Trainer:
                 interval_time += time.perf_counter() - t0
                 interval_steps += 1
                 self.timer.end_step(time.perf_counter() - t0)
+                if self.beacon is not None:
+                    self.beacon.step_done(time.perf_counter() - t0)
+                if self.watch:
+                    self.watch.stepped(self.step, interval_time / interval_steps)
                 if self.step % cfg.log_every == 0 or self.step in (1, cfg.max_steps):
                     self._log_row(loss, grad_norm, lr, interval_time / interval_steps)
                     interval_time, interval_steps = 0.0, 0
                 self._committed(self.ckpt.poll())
                 self._stopping = self._agree_stop(stop)
+                if self._stopping and self._stop_received is None:
+                    self._stop_received = stop.received or time.time()  # a peer's signal: now is when rank 0 knew
+                    if self.watch:
+                        self.watch.stop_signal(self.step, stop.signal_name, self._stop_received)
                 final = self._stopping or self.step == cfg.max_steps
                 if final or self.step % cfg.checkpoint_every == 0:
                     self._save(final)
@@ -326,7 +377,8 @@ class Trainer:
                               f"checkpoint saved to {self.saved}; re-run the same command to resume")
                     if self.watch:
                         self.watch.finish(State.STOPPED, self.step)
-                    return Outcome(State.STOPPED, self.step, self.saved, stop.signal_name)
+                    return Outcome(State.STOPPED, self.step, self.saved, stop.signal_name,
+                                   stop_saved_s=self.watch.stop_saved_s if self.watch else None)
         finally:
             if self.metrics:
                 self.metrics.close()
@@ -341,6 +393,23 @@ class Trainer:
         if self.watch:
             self.watch.finish(State.COMPLETED, self.step)
         return Outcome(State.COMPLETED, self.step, saved)
+
+
+    def _hang(self) -> None:
+        """CLUSTERTRAIN_INJECT_HANG: enter an all-reduce no peer joins (on the CPU group, at the start of a step: the
+        peers reach their gradient all-reduce and wait there for this rank) and stay in it. Once per run directory
+        (a marker file), so that the run's restart trains through."""
+        marker = self.paths.root / ".injected-hang"
+        if marker.exists():
+            return
+        marker.touch()
+        self._phase("collective")
+        print(f"[clustertrain] rank {self.env.rank}: injected hang at step {self.step + 1} (CLUSTERTRAIN_INJECT_HANG)",
+              file=sys.stderr, flush=True)
+        if self.ctrl is not None:
+            dist.all_reduce(torch.zeros(1), group=self.ctrl)
+        while True:  # a single process, or the collective timed out: stay stuck all the same
+            time.sleep(60)
 
 
 def dataset_vocab(dataset: str, entry: ModelEntry) -> int:
@@ -359,5 +428,5 @@ def write_status(paths: RunPaths, outcome: Outcome, backup: CheckpointBackup | N
     fields = {"backup": outcome.backup, **(backup.status_fields(outcome.checkpoint) if backup is not None else {})}
     status = RunStatus(state=outcome.state, step=outcome.step, signal=outcome.signal,
                        checkpoint=str(outcome.checkpoint) if outcome.checkpoint else None,
-                       pid=os.getpid(), time=time.time(), **fields)
+                       pid=os.getpid(), time=time.time(), stop_saved_s=outcome.stop_saved_s, **fields)
     write_status_record(paths, status)

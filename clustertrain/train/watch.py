@@ -16,13 +16,24 @@ from typing import Any
 
 from clustertrain.monitor.alarms import LossSpike, RankTiming, Stragglers, ThroughputDrop, spread
 from clustertrain.monitor.config import MonitorConfig
-from clustertrain.monitor.records import Attempt, Event, append_event, read_usage, write_usage
+from clustertrain.monitor.records import Attempt, Event, EventKind, Severity, append_event, read_usage, write_usage
 from clustertrain.rundir import RunPaths
 from clustertrain.runstate import RunStatus, write_status_record
 from clustertrain.states import State
 
 #: usage.json's heartbeat is written at a logged step at most this often (a killed attempt loses at most this much)
 HEARTBEAT_S = 5.0
+#: set by the batch script (its start: when the allocation began) and by the local launcher (Unix seconds)
+ALLOCATED_ENV = "CLUSTERTRAIN_ALLOCATED_AT"
+#: set by the batch script: seconds the stop signal gives before the time limit (launch.signal_grace_s)
+GRACE_ENV = "CLUSTERTRAIN_SIGNAL_GRACE_S"
+
+
+def _env_float(name: str) -> float | None:
+    try:
+        return float(os.environ[name])
+    except (KeyError, ValueError):
+        return None
 
 
 def node_name() -> str:
@@ -41,13 +52,15 @@ class RunWatch:
         self._warned = False
         now = time.time()
         self.attempt = Attempt(started=now, last=now, job_id=job_id(), nodes=list(dict.fromkeys(nodes)), gpus=gpus,
-                               world_size=world_size, step_start=step, step=step, pid=os.getpid(), host=node_name())
+                               world_size=world_size, step_start=step, step=step, pid=os.getpid(), host=node_name(),
+                               allocated=_env_float(ALLOCATED_ENV))
         self.usage = read_usage(paths)
         self.usage.attempts.append(self.attempt)
         self._guard(write_usage, paths, self.usage)
         self._written = now
         self._guard(write_status_record, paths, RunStatus(state=State.RUNNING, step=step, pid=os.getpid(), time=now))
         self.rules = (LossSpike(config), ThroughputDrop(config))
+        self.stop_saved_s: float | None = None
         self.stragglers = Stragglers(config)
 
     def logged(self, row: dict[str, Any], timings: list[RankTiming]) -> dict[str, Any]:
@@ -66,6 +79,51 @@ class RunWatch:
                 self.event(event)
         s = spread(timings) if len(timings) > 1 else None
         return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in asdict(s).items()} if s else {}
+
+    def stepped(self, step: int, step_time_s: float) -> None:
+        """A step finished (every step; no I/O here): the attempt's first step, its latest progress."""
+        now = time.time()
+        if self.attempt.first_step is None:
+            self.attempt.first_step = now
+        self.attempt.step, self.attempt.last, self.attempt.step_time_s = step, now, round(step_time_s, 5)
+
+    def stalled(self, seconds: float) -> None:
+        """Training waited ``seconds`` for a checkpoint save (staging an async one, or all of a synchronous one)."""
+        self.attempt.stall_s = round(self.attempt.stall_s + seconds, 4)
+
+    def committed(self, step: int, path: Any, save_s: float | None, stop_received: float | None) -> None:
+        """A checkpoint is complete: the attempt's last saved step, a ``checkpoint`` event with how long it took; when
+        it is the save a stop signal asked for, a ``preempt_save`` event saying whether it landed in the time the
+        signal gave (and the job log says it in one line)."""
+        now = time.time()
+        self.attempt.saved_step, self.attempt.saved_at = step, now
+        self._guard(write_usage, self.paths, self.usage)
+        self._written = now
+        self.event(Event(kind=EventKind.CHECKPOINT, step=step, value=round(self.attempt.stall_s, 4),
+                         threshold=None if save_s is None else round(save_s, 3),
+                         message=f"checkpoint {getattr(path, 'name', path)} committed"
+                                 + (f" {save_s:.1f} s after its save began" if save_s is not None else "")),
+                   echo=False)
+        if stop_received is None:
+            return
+        took, grace = now - stop_received, _env_float(GRACE_ENV)
+        landed = grace is None or took <= grace
+        if grace is None:
+            message = f"the stop checkpoint {getattr(path, 'name', path)} was committed {took:.1f} s after the signal"
+        else:
+            message = (f"the stop checkpoint {getattr(path, 'name', path)} was committed {took:.1f} s after the signal, "
+                       f"which gave {grace:.0f} s: " + ("landed before the kill" if landed else
+                                                        "later than the signal allowed; raise launch.signal_grace_s"))
+        self.event(Event(kind=EventKind.PREEMPT_SAVE, severity=Severity.WARNING, step=step, value=round(took, 3),
+                         threshold=grace, message=message), echo=False)
+        print(f"[clustertrain] {message}", flush=True)
+        self.stop_saved_s = round(took, 3)
+
+    def stop_signal(self, step: int, signal_name: str | None, received: float) -> None:
+        """The ranks agreed to stop after ``step`` because of a signal (rank 0's or a peer's)."""
+        self.event(Event(kind=EventKind.STOP_SIGNAL, time=received, step=step,
+                         message=f"{signal_name or 'a peer rank'} asked the ranks to save and stop after step {step}"),
+                   echo=False)
 
     def event(self, event: Event, echo: bool = True) -> None:
         """Record ``event``; ``echo``: also say it on stderr (rank 0's log)."""

@@ -18,7 +18,7 @@ from clustertrain.launch.prepare import prepare_run
 from clustertrain.launch.sbatch import build_request, render_script
 from clustertrain.launch.slurm import SlurmLauncher, submit_project
 from clustertrain.launch.slurm_query import query_job
-from clustertrain.monitor.records import read_timing, read_usage
+from clustertrain.monitor.records import read_events, read_timing, read_usage
 from clustertrain.project import load_project
 from clustertrain.rundir import RunPaths
 from tests.support.slurm import client_env, sbatch
@@ -128,6 +128,12 @@ def test_usr2_checkpoints_requeues_and_resumes_where_it_stopped(local_slurm, slu
     assert [(a.job_id, a.state, a.step_start, a.step) for a in attempts] == \
         [(sub.job_id, "STOPPED", 0, stopped_at), (sub.job_id, "COMPLETED", stopped_at, 30)]
     assert (run / "checkpoints" / "latest").read_text().strip() == "step_00000030"
+    # the proof that the stop signal's save landed: committed after the signal, within the grace it gave
+    [landed] = [e for e in read_events(RunPaths(run)) if e.kind == "preempt_save"]
+    [signalled] = [e for e in read_events(RunPaths(run)) if e.kind == "stop_signal"]
+    assert landed.step == stopped_at and 0 < landed.value < landed.threshold == 300, landed
+    assert "landed before the kill" in landed.message and "landed before the kill" in log
+    assert signalled.time <= landed.time and "SIGUSR2" in signalled.message
 
 
 def test_crashing_rank_fails_the_job_within_60s_and_is_not_requeued(local_slurm, slurm_project):

@@ -25,7 +25,16 @@ RUN_DIR=/fsx/proj/m1
 # Written by the ranks when training reached its last step (clustertrain/rundir.py RunPaths.completed).
 COMPLETED_MARKER=/fsx/proj/m1/COMPLETED
 MAX_RESTARTS=3
-RESTARTS="${SLURM_RESTART_COUNT:-0}"
+# Restarts so far: requeues of this job (stop signal) plus the resubmissions before it (failures; see the end).
+RESTARTS=$(( ${SLURM_RESTART_COUNT:-0} + ${CLUSTERTRAIN_RESTARTS:-0} ))
+# This script as submitted (Slurm's copy), for a resubmission that excludes a node; the nodes excluded so far.
+SCRIPT="$0"
+EXCLUDED=${CLUSTERTRAIN_EXCLUDED-''}
+OUTPUT=/fsx/proj/logs/m1/proj-m1-"$SLURM_JOB_ID.out"
+OUTPUT_START=$(stat -c %s "$OUTPUT" 2>/dev/null || echo 0)
+# For the ranks' goodput account and preemption-save proof (clustertrain/train/watch.py).
+export CLUSTERTRAIN_ALLOCATED_AT="$(date +%s)"
+export CLUSTERTRAIN_SIGNAL_GRACE_S=300
 
 # End marker: this job's final state in the run directory, for `clustertrain status` once Slurm has forgotten
 # the job (MinJobAge; ParallelCluster keeps no completion log). Format: clustertrain/launch/jobs.py.
@@ -35,8 +44,8 @@ mkdir -p "$JOBS_DIR"
 rm -f "$END_MARKER"
 record_end() {
     local tmp="$JOBS_DIR/.$SLURM_JOB_ID.end.$$"
-    printf 'version=1\nstate=%s\nexit_code=%s\nrestarts=%s\nended=%s\n' "$1" "$2" "$RESTARTS" "$(date +%s)" > "$tmp" \
-        && mv -f "$tmp" "$END_MARKER"
+    printf 'version=1\nstate=%s\nexit_code=%s\nrestarts=%s\nended=%s\nnext_job=%s\n' "$1" "$2" "$RESTARTS" \
+        "$(date +%s)" "${3:-}" > "$tmp" && mv -f "$tmp" "$END_MARKER"
 }
 
 # Rank environment: NCCL/EFA preset p5e (small), then the project's launch.env.
@@ -76,15 +85,61 @@ on_term() {
 }
 trap on_term TERM
 
-srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=8 --cpus-per-task=12 --container-image=/fsx/images/train.sqsh --container-mounts=/fsx:/fsx,/dev/infiniband:/dev/infiniband --container-env=MASTER_ADDR,MASTER_PORT,SLURM_PROCID,SLURM_LOCALID,SLURM_NTASKS,SLURM_JOB_ID,SLURM_NODEID,SLURM_TASKS_PER_NODE,SLURM_STEP_NODELIST,SLURM_JOB_NODELIST,NCCL_SOCKET_IFNAME,NCCL_DEBUG,MY_FLAG,PYTHONUNBUFFERED --container-workdir=/fsx/proj/m1 --no-container-mount-home --cpu-bind=none python -m clustertrain train --run-dir /fsx/proj/m1 --model m1 &
+# The ranks' heartbeats of an earlier start are not this one's (clustertrain/monitor/heartbeats.py).
+rm -rf "$RUN_DIR/heartbeat"
+srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=8 --cpus-per-task=12 --container-image=/fsx/images/train.sqsh --container-name=clustertrain --container-mounts=/fsx:/fsx,/dev/infiniband:/dev/infiniband --container-env=MASTER_ADDR,MASTER_PORT,SLURM_PROCID,SLURM_LOCALID,SLURM_NTASKS,SLURM_JOB_ID,SLURM_NODEID,SLURM_TASKS_PER_NODE,SLURM_STEP_NODELIST,SLURM_JOB_NODELIST,NCCL_SOCKET_IFNAME,NCCL_DEBUG,MY_FLAG,PYTHONUNBUFFERED --container-workdir=/fsx/proj/m1 --no-container-mount-home --cpu-bind=none python -m clustertrain train --run-dir /fsx/proj/m1 --model m1 &
 srun_pid=$!
 if [ -n "$stop_signal" ]; then kill -s USR2 "$srun_pid" 2>/dev/null || true; fi
-# `wait` returns early when the trap runs; keep waiting until srun has really exited.
+
+# The hang watchdog (clustertrain/monitor/watchdog.py): a one-task step on this node beside the ranks' step, started
+# once rank 0 has written its first heartbeat (then the ranks' named container exists, and the watchdog
+# joins it instead of unpacking the image a second time). Exit 3: it found a hang or a lost rank, recorded an incident and
+# asked every rank to exit; a rank that does not is stopped here.
+watchdog_pid=
+start_watchdog() {
+    local nodes
+    nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd, -)
+    srun --overlap --nodes=1 --ntasks=1 --ntasks-per-node=1 --cpus-per-task=1 --container-image=/fsx/images/train.sqsh --container-name=clustertrain --container-mounts=/fsx:/fsx,/dev/infiniband:/dev/infiniband --container-env=MASTER_ADDR,MASTER_PORT,SLURM_PROCID,SLURM_LOCALID,SLURM_NTASKS,SLURM_JOB_ID,SLURM_NODEID,SLURM_TASKS_PER_NODE,SLURM_STEP_NODELIST,SLURM_JOB_NODELIST,NCCL_SOCKET_IFNAME,NCCL_DEBUG,MY_FLAG,PYTHONUNBUFFERED --container-workdir=/fsx/proj/m1 --no-container-mount-home --nodelist="$SLURMD_NODENAME" \
+        python -m clustertrain watchdog --run-dir /fsx/proj/m1 --model m1 --suspects /fsx/proj/suspects.jsonl --job "$SLURM_JOB_ID" --nodes "$nodes" \
+        --output "$OUTPUT" --offset "$OUTPUT_START" &
+    watchdog_pid=$!
+}
+end_step() {  # the watchdog has waited for the ranks to leave; srun may still wait for a lost node
+    sleep 2
+    if kill -0 "$srun_pid" 2>/dev/null; then
+        echo "clustertrain: the ranks' step is still running after the watchdog ended its ranks; ending it"
+        kill -s INT "$srun_pid" 2>/dev/null; sleep 0.3; kill -s INT "$srun_pid" 2>/dev/null  # srun: twice = abort
+        for _ in 1 2 3 4 5; do kill -0 "$srun_pid" 2>/dev/null || return 0; sleep 1; done
+        kill -s KILL "$srun_pid" 2>/dev/null || true
+    fi
+}
+watchdog_started=
+while kill -0 "$srun_pid" 2>/dev/null; do
+    if [ -z "$watchdog_started" ] && [ -e "$RUN_DIR/heartbeat/rank0.json" ]; then
+        watchdog_started=1
+        start_watchdog
+    fi
+    if [ -n "$watchdog_pid" ] && ! kill -0 "$watchdog_pid" 2>/dev/null; then
+        wait "$watchdog_pid"
+        wd_rc=$?
+        watchdog_pid=
+        if [ "$wd_rc" -eq 3 ]; then end_step; fi
+    fi
+    sleep 1 & wait $!  # an interruptible pause: the traps run at once
+done
+# `wait` returns early when a trap runs; keep waiting until srun has really exited.
 while :; do
     wait "$srun_pid"
     rc=$?
     kill -0 "$srun_pid" 2>/dev/null || break
 done
+if [ -n "$watchdog_pid" ]; then  # the step is over: the watchdog writes its verdict and leaves
+    touch "$RUN_DIR/heartbeat/step-ended"  # (a file: srun would answer SIGTERM by killing the watchdog's step)
+    for _ in $(seq 30); do kill -0 "$watchdog_pid" 2>/dev/null || break; sleep 1; done
+    kill -s KILL "$watchdog_pid" 2>/dev/null || true
+    wait "$watchdog_pid" 2>/dev/null
+fi
+VERDICT="$JOBS_DIR/$SLURM_JOB_ID.verdict"
 
 if [ -n "$stop_signal" ]; then
     if [ -e "$COMPLETED_MARKER" ]; then
@@ -99,7 +154,33 @@ if [ -n "$stop_signal" ]; then
         echo "clustertrain: stopped after $RESTARTS restarts (launch.max_restarts=$MAX_RESTARTS); resubmit to resume"
     fi
 fi
+# A failed step: run the job again when the watchdog says a restart can help (a hang, a lost rank, a rank Slurm
+# reports killed by a signal), as a new job that excludes the nodes it blamed (a requeued job cannot change its
+# nodes: Slurm refuses ExcNodeList for a running job, and `scontrol requeue` ends this script at once).
+next_job=
+if [ -z "$stop_signal" ] && [ -z "$terminated" ] && [ "$rc" -ne 0 ] && [ -e "$VERDICT" ] \
+        && [ "$(sed -n 's/^action=//p' "$VERDICT")" = restart ]; then
+    reason=$(sed -n 's/^reason=//p' "$VERDICT")
+    blamed=$(sed -n 's/^exclude=//p' "$VERDICT")
+    if [ -e "$COMPLETED_MARKER" ]; then
+        echo "clustertrain: training had completed before the failure; nothing to resume"
+    elif [ "$RESTARTS" -lt "$MAX_RESTARTS" ]; then
+        exclude="$EXCLUDED${EXCLUDED:+${blamed:+,}}$blamed"
+        echo "clustertrain: $reason"
+        echo "clustertrain: submitting the job again (restart $((RESTARTS + 1)) of $MAX_RESTARTS)${exclude:+ without $exclude}; it resumes from the latest checkpoint"
+        if next_job=$(CLUSTERTRAIN_RESTARTS=$((RESTARTS + 1)) CLUSTERTRAIN_EXCLUDED="$exclude" \
+                sbatch --parsable --export=ALL ${exclude:+--exclude="$exclude"} "$SCRIPT"); then
+            next_job="${next_job%%;*}"
+            echo "clustertrain: job $next_job continues this run"
+        else
+            next_job=
+            echo "clustertrain: sbatch failed; resubmit with the same command to resume"
+        fi
+    else
+        echo "clustertrain: $reason; not restarted: $RESTARTS restarts already (launch.max_restarts=$MAX_RESTARTS); resubmit to resume"
+    fi
+fi
 if [ -z "$terminated" ]; then
-    if [ "$rc" -eq 0 ]; then record_end COMPLETED 0; else record_end FAILED "$rc"; fi
+    if [ "$rc" -eq 0 ]; then record_end COMPLETED 0; else record_end FAILED "$rc" "$next_job"; fi
 fi
 exit "$rc"

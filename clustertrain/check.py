@@ -29,6 +29,7 @@ call :func:`require_clean` first and refuse on errors.
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -187,6 +188,8 @@ def require_clean(project: "Project", action: str, models: list[str] | None = No
     if errors:
         section, first = errors[0]
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        sets = [a for item in project.overrides for a in ("--set", item)]
+        check = shlex.join(["clustertrain", "check", *([str(project.file), *sets] if project.file else [])])
         raise ConfigError(f"{action} refused: {first.path}: {first.message}; fix: {first.fix}{more}; "
-                          f"run `clustertrain check` on the project for the full list")
+                          f"run `{check}` for the full list")
     return report

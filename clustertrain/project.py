@@ -26,7 +26,9 @@ reference documentation (``clustertrain config docs`` writes ``docs/project-file
 Schema for editors (``clustertrain config schema``). Relative paths are resolved against the
 directory of the project file. ``--set KEY=VALUE`` overrides use dotted keys
 (``models.0.training.max_steps`` or ``models.tiny.training.max_steps``); values are parsed as YAML
-scalars and type-checked like the file.
+scalars and type-checked like the file, and a mistake in a value an override wrote names the override
+(``p.yaml (--set cluster.nodes): ...``), not a line of the file. A loaded :class:`Project` remembers its
+file and overrides (:attr:`Project.file`, :attr:`Project.overrides`), so later errors can name them.
 """
 
 from __future__ import annotations
@@ -35,10 +37,10 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from clustertrain.cloud.config import AwsConfig
 from clustertrain.data.config import DataConfig
@@ -47,7 +49,9 @@ from clustertrain.image.config import ImageConfig
 from clustertrain.launch.config import LaunchConfig
 from clustertrain.monitor.config import MonitorConfig
 from clustertrain.plan.config import ModelPlanConfig, PlanConfig
-from clustertrain.schema import StrictModel, read_yaml, validate_model
+from clustertrain.schema import (
+    StrictModel, format_validation_error, leading_loc, read_yaml, require_mapping, validate_model,
+)
 from clustertrain.train.config import ArchConfig, ParallelismConfig, TrainingConfig
 from clustertrain.train.layout import node_problems, structure_problems, world_problems
 
@@ -207,6 +211,10 @@ class ModelEntry(StrictModel):
 
 
 class Project(StrictModel):
+    doc_reference: ClassVar[str] = "docs/project-file.md"
+    _file: Path | None = PrivateAttr(None)  # the file load_project read (None: built from a mapping)
+    _overrides: tuple[str, ...] = PrivateAttr(())  # the --set items load_project applied
+
     name: str = Field(..., description="Project name.")
     cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Where and on what the models train.")
     storage: StorageConfig = Field(default_factory=StorageConfig, description="Shared file system root and buckets.")
@@ -269,6 +277,21 @@ class Project(StrictModel):
 
     # ----- helpers used by several stages -----
     @property
+    def file(self) -> Path | None:
+        """The project file :func:`load_project` read (None for a project built from a mapping)."""
+        return self._file
+
+    @property
+    def overrides(self) -> tuple[str, ...]:
+        """The ``--set`` items :func:`load_project` applied to :attr:`file`, in order."""
+        return self._overrides
+
+    @property
+    def source(self) -> str:
+        """What an error about this project's content names: the file it was loaded from, else the project."""
+        return str(self._file) if self._file is not None else f"project {self.name!r}"
+
+    @property
     def container_image(self) -> str | None:
         """The image every rank runs in (Pyxis ``--container-image``): ``cluster.container_image``; else, with an
         ``image:`` section, the ``.sqsh`` that ``clustertrain image build`` writes; else None (the host's interpreter)."""
@@ -301,12 +324,19 @@ def load_project(path: str | Path, overrides: list[str] | None = None) -> Projec
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: project file not found (pass the path to a YAML file, e.g. examples/quickstart.yaml)")
-    raw = read_yaml(path)
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: the project file must be a YAML mapping with keys name, cluster, storage, models")
+    raw = require_mapping(read_yaml(path), path, "a YAML mapping with keys name, cluster, storage, models "
+                          "(see examples/quickstart.yaml)")
+    applied: list[tuple[str, tuple]] = []
     for item in overrides or []:
-        apply_override(raw, item)
-    project = validate_project(raw, source=str(path), path=path)
+        try:
+            applied.append((item.partition("=")[0].strip(), apply_override(raw, item)))
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from None
+    try:
+        project = Project.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(_validation_message(e, path, applied)) from None
+    project._file, project._overrides = path, tuple(overrides or ())
     base = path.resolve().parent
     storage = project.storage
     for key in ("root", "datasets", "runs", "logs", "tensorboard", "outputs"):
@@ -327,13 +357,29 @@ def load_project(path: str | Path, overrides: list[str] | None = None) -> Projec
     return project
 
 
+def _validation_message(err: ValidationError, path: Path, applied: list[tuple[str, tuple]]) -> str:
+    """The one line for a project that does not validate. A value that ``--set KEY`` wrote (or one below it)
+    is blamed on the override, not on a line of the file that does not hold it; an error about a section an
+    override changed names the override too."""
+    first = err.errors()[0]
+    loc = tuple(first["loc"]) or leading_loc(first["msg"])
+    for key, target in reversed(applied):  # the last override of a path is the one that counts
+        wrote = loc[:len(target)] == target or (first["type"] == "extra_forbidden" and target[:len(loc)] == loc)
+        if loc and wrote:  # the bad value, or the unknown key, is the override's
+            return format_validation_error(err, f"{path} (--set {key})", Project)
+        if loc and target[:len(loc)] == loc:
+            return format_validation_error(err, f"{path} (with --set {key})", Project)
+    return format_validation_error(err, str(path), Project, path)
+
+
 def validate_project(raw: dict[str, Any], source: str = "project", path: Path | None = None) -> Project:
     """Validate a raw mapping; with ``path`` the one-line error names the key's line in that file."""
     return validate_model(raw, Project, source, path=path)
 
 
-def apply_override(raw: dict[str, Any], item: str) -> None:
-    """Apply one ``a.b.c=value`` override to the raw mapping (value parsed as a YAML scalar)."""
+def apply_override(raw: dict[str, Any], item: str) -> tuple:
+    """Apply one ``a.b.c=value`` override to the raw mapping (value parsed as a YAML scalar); return the
+    location it wrote, list items as indices (``models.tiny.training.lr`` → ``("models", 0, "training", "lr")``)."""
     if "=" not in item:
         raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. models.0.training.max_steps=40")
     key, _, text = item.partition("=")
@@ -345,26 +391,33 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
     except yaml.YAMLError:
         value = text
     node: Any = raw
+    where: list[str | int] = []
     for i, part in enumerate(parts):
         last = i == len(parts) - 1
         if isinstance(node, list):
             idx = _list_index(node, part)
             if idx is None:
                 names = [m.get("name") for m in node if isinstance(m, dict)]
-                raise ConfigError(f"--set {key}: {part!r} is neither an index (0-{len(node) - 1}) nor a name ({', '.join(map(str, names))})")
+                raise ConfigError(f"--set {key}: {part!r} is neither an index (0-{len(node) - 1}) nor a name "
+                                  f"({', '.join(map(str, names))}); use one of them")
+            where.append(idx)
             if last:
                 node[idx] = value
             else:
                 node[idx] = _own(node[idx])
                 node = node[idx]
         elif isinstance(node, dict):
+            where.append(part)
             if last:
                 node[part] = value
             else:
                 node[part] = {} if node.get(part) is None else _own(node[part])
                 node = node[part]
         else:
-            raise ConfigError(f"--set {key}: {'.'.join(parts[:i])} is a value, not a section")
+            value_key = ".".join(parts[:i])
+            raise ConfigError(f"--set {key}: {value_key} is a value, not a section; set {value_key} itself "
+                              "or a key inside a section")
+    return tuple(where)
 
 
 def _own(node: Any) -> Any:

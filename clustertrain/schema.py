@@ -9,15 +9,16 @@ naming ``file:line`` and the fix.
   clustertrain still reads (the version check is explicit, see :mod:`clustertrain.rundir`).
 * :func:`load_yaml_model` — read a YAML file into a model; :func:`read_yaml` and
   :func:`validate_model` are its two halves for callers that edit the mapping in between
-  (``--set`` overrides).
+  (``--set`` overrides); :func:`require_mapping` says what a file that is not a mapping holds instead.
 
 This is a leaf module: it imports nothing else from clustertrain except :mod:`clustertrain.errors`.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -28,9 +29,11 @@ M = TypeVar("M", bound=BaseModel)
 
 
 class StrictModel(BaseModel):
-    """User input: unknown keys are errors; assignments are validated too."""
+    """User input: unknown keys are errors; assignments are validated too. ``doc_reference``: where a root
+    model's fields are documented (named when a required key is missing)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    doc_reference: ClassVar[str | None] = None
 
 
 class StoredModel(BaseModel):
@@ -39,20 +42,62 @@ class StoredModel(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+class _DuplicateKey(yaml.constructor.ConstructorError):
+    """A key written twice in one YAML mapping."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.safe_load`` that refuses a key written twice in one mapping (PyYAML keeps the last one silently,
+    so a second ``training:`` under a model would throw the first away). Merge keys (``<<: *base``) may still
+    be overridden: only the keys written in the mapping itself are compared."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set[str] = set()
+        for key, _ in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                if key.value in seen:
+                    problem = f"key {key.value!r} is written twice in one mapping; keep one of them"
+                    raise _DuplicateKey(None, None, problem, key.start_mark)
+                seen.add(key.value)
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml(path: Path, error: type[ClusterTrainError] = ConfigError) -> Any:
-    """Parse a YAML file; a missing file, syntax or encoding error becomes one line naming file:line:column."""
+    """Parse a YAML file; a missing or unreadable file, a syntax or encoding error, or a key written twice
+    becomes one line naming file:line[:column] and the fix."""
     path = Path(path)
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = path.read_bytes()
     except FileNotFoundError:
         raise error(f"{path}: file not found; check the path") from None
+    except OSError as e:
+        raise error(f"{path}: cannot be read ({e.strerror}); pass a readable file") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise error(f"{path}:{line}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); "
+                    "save it as UTF-8") from None
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise error(f"{path}{where}: YAML syntax error: {problem}; fix the YAML at that position") from None
-    except UnicodeDecodeError:
-        raise error(f"{path}: not UTF-8 text; save it as UTF-8") from None
+        if isinstance(e, _DuplicateKey):
+            raise error(f"{path}{where}: {problem}") from None
+        tab = "'\\t'" in problem
+        fix = "indent with spaces (YAML does not allow tabs there)" if tab else "fix the YAML at that position"
+        raise error(f"{path}{where}: YAML syntax error: {problem}; {fix}") from None
+
+
+def require_mapping(raw: Any, path: Path, expected: str, error: type[ClusterTrainError] = ConfigError) -> dict:
+    """``raw`` (what :func:`read_yaml` returned) when it is a mapping; else one line saying what the file holds
+    instead and what it should hold (``expected``, e.g. "a YAML mapping with keys name, cluster, models")."""
+    if isinstance(raw, dict):
+        return raw
+    held = "is empty" if raw is None else f"holds a YAML {'list' if isinstance(raw, list) else 'scalar'}, not a mapping"
+    raise error(f"{path}: the file {held}; write {expected}")
 
 
 def load_yaml_model(path: Path, model: type[M], error: type[ClusterTrainError] = ConfigError) -> M:
@@ -81,14 +126,15 @@ def format_validation_error(err: ValidationError, source: str, root: type[BaseMo
     first = errors[0]
     loc = tuple(first["loc"])
     where = loc_str(loc)
-    line = yaml_line(path, loc) if path is not None else None
+    line = yaml_line(path, loc or leading_loc(first["msg"])) if path is not None else None
     src = f"{source}:{line}" if line else source
     if first["type"] == "extra_forbidden":
         owner = model_at(root, loc) if root is not None else None
         valid = ", ".join(owner.model_fields) if owner else "see the reference documentation"
         msg = f"{src}: {where}: unknown key; valid keys here: {valid}"
     elif first["type"] == "missing":
-        msg = f"{src}: {where}: required key is missing; add it (see docs/project-file.md)"
+        ref = getattr(root, "doc_reference", None)
+        msg = f"{src}: {where}: required key is missing; add it{f' (see {ref})' if ref else ''}"
     else:
         text = first["msg"].removeprefix("Value error, ")
         got = first.get("input")
@@ -97,6 +143,18 @@ def format_validation_error(err: ValidationError, source: str, root: type[BaseMo
     if len(errors) > 1:
         msg += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
     return msg
+
+
+_LEADING_PATH = re.compile(r"(?:Value error, )?([A-Za-z_]\w*(?:\[\d+\]|\.[A-Za-z_]\w*)*)[ :]")
+
+
+def leading_loc(msg: str) -> tuple:
+    """The field path a root validator's message starts with (``models[1].name 'a' is used twice`` →
+    ``("models", 1, "name")``), so its line can be looked up; ``()`` when it starts with none."""
+    m = _LEADING_PATH.match(msg)
+    if not m or ("." not in m.group(1) and "[" not in m.group(1)):
+        return ()
+    return tuple(int(p) if p.isdigit() else p for p in re.findall(r"[A-Za-z_]\w*|\d+", m.group(1)))
 
 
 def loc_str(loc: tuple) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -30,8 +31,14 @@ def prepare_cmd(
     """Tokenize INPUTS into a Megatron indexed dataset (does nothing when it is already up to date)."""
     from clustertrain.data import prepare_dataset
 
+    err = Console(stderr=True)
+    # In a log (stderr not a terminal) the bar's one final line is kept until preparation succeeds, so that a
+    # failure prints its error line alone.
+    bar = err if err.is_terminal else Console(file=io.StringIO(), width=err.width)
     result = prepare_dataset(inputs, output_prefix, tokenizer, json_key=json_key, workers=workers,
-                             append_eod=append_eod, skip_bad_lines=skip_bad_lines, console=Console(stderr=True))
+                             append_eod=append_eod, skip_bad_lines=skip_bad_lines, console=bar)
+    if bar is not err:
+        sys.stderr.write(bar.file.getvalue())
     if publish:
         from clustertrain.data.staging import publish_dataset
         from clustertrain.storage import StoreConfig

@@ -27,9 +27,8 @@ DIR_KINDS = ("datasets", "checkpoints", "outputs", "logs", "tensorboard")
 
 
 def fsx_capacity_problem(deployment: str, capacity_gb: int, throughput: int | None = None) -> str | None:
-    """Why ``capacity_gb`` is not a valid StorageCapacity for this deployment type, or None."""
-    if capacity_gb <= 0:
-        return f"StorageCapacity must be positive, got {capacity_gb}"
+    """Why ``capacity_gb`` is not a valid StorageCapacity for this deployment type, or None (a size of zero or
+    less gets the same message, rule and nearest valid size as any other)."""
     if deployment == "SCRATCH_1":
         ok = capacity_gb in (1200, 2400) or (capacity_gb > 2400 and capacity_gb % 3600 == 0)
         rule = "1200, 2400 or a multiple of 3600 GiB"
@@ -39,7 +38,7 @@ def fsx_capacity_problem(deployment: str, capacity_gb: int, throughput: int | No
     else:
         ok = capacity_gb == 1200 or capacity_gb % 2400 == 0
         rule = "1200 or a multiple of 2400 GiB"
-    if ok:
+    if ok and capacity_gb > 0:
         return None
     near = _nearest_capacity(deployment, capacity_gb, throughput)
     return f"StorageCapacity {capacity_gb} is not valid for {deployment}: use {rule} (nearest: {near})"

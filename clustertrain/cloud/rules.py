@@ -111,9 +111,9 @@ def _head_node(head: dict, cat: InstanceCatalog, total_nodes: int, present: bool
         yield Finding("error", "HeadNode", "the HeadNode section is missing", "add HeadNode with InstanceType, Networking.SubnetId and Ssh.KeyName")
         return
     itype = head.get("InstanceType")
-    if not isinstance(itype, str):
+    if itype is None:
         yield Finding("error", "HeadNode.InstanceType", "the head node instance type is missing", "add HeadNode.InstanceType, e.g. c6i.4xlarge")
-    elif not INSTANCE_TYPE_RE.match(itype):
+    elif not isinstance(itype, str) or not INSTANCE_TYPE_RE.match(itype):
         yield Finding("error", "HeadNode.InstanceType", f"{itype!r} is not an EC2 instance type name", "use a name like c6i.4xlarge")
     else:
         yield from _head_sizing(itype, cat, total_nodes)

@@ -21,7 +21,7 @@ from typing import Any
 from clustertrain.cloud.catalog import InstanceCatalog
 from clustertrain.cloud.rules import Finding, check_cluster_config
 from clustertrain.errors import ConfigError
-from clustertrain.schema import read_yaml
+from clustertrain.schema import read_yaml, require_mapping
 
 SCHEMA_FIXES = {
     "Unknown field.": "remove it or move it where it belongs (see the ParallelCluster 3 configuration reference)",
@@ -206,10 +206,8 @@ def validate_cluster_config(config: dict[str, Any], use_schema: bool = True, cat
 def read_cluster_config(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"{path}: file not found; pass a ParallelCluster config or a clustertrain project file")
-    raw = read_yaml(path)
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a YAML mapping (a ParallelCluster config or a clustertrain project)")
-    return raw
+    return require_mapping(read_yaml(path), path, "a ParallelCluster config (a mapping with Region, Image, HeadNode, "
+                           "Scheduling...) or a clustertrain project")
 
 
 def is_project(raw: dict[str, Any]) -> bool:

@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from clustertrain.errors import ConfigError
 from clustertrain.plan.allocate import DAY, Allocation, Evaluation, Hardware, ModelSpec, allocate, evaluate
 from clustertrain.plan.catalog import Instance, find_instance, load_catalog
 from clustertrain.plan.frameworks import framework_of
@@ -120,7 +121,7 @@ def model_spec(project, index: int, entry, default_mfu: float, cpu: bool) -> Mod
     """The planner's view of model ``index``: its shape, tokens and ``parallelism`` section."""
     mp, t, pc = entry.plan, entry.training, project.plan
     fw = framework_of(entry)
-    shape = ModelShape.from_arch(entry.model, model_vocab(entry.model, entry.data.tokenizer))
+    shape = ModelShape.from_arch(entry.model, _vocab(project, entry))
     tokens = mp.tokens or t.max_steps * t.global_batch * entry.model.seq_len
     return ModelSpec(
         name=entry.name, shape=shape, tokens=tokens, global_batch=t.global_batch, micro_batch=t.micro_batch,
@@ -129,6 +130,18 @@ def model_spec(project, index: int, entry, default_mfu: float, cpu: bool) -> Mod
         mfu=mp.assumed_mfu or pc.assumed_mfu or default_mfu, fixed_nodes=mp.nodes, deadline_days=mp.deadline_days,
         framework=fw, index=index,
     )
+
+
+def _vocab(project, entry) -> int:
+    """:func:`model_vocab`, whose tokenizer error (``data.tokenizer: ...``) is re-raised naming the project file
+    and the model: with several models the bare field does not say which one to fix."""
+    try:
+        return model_vocab(entry.model, entry.data.tokenizer)
+    except ConfigError as e:
+        field, sep, rest = str(e).partition(": ")
+        named = sep and field.startswith("data.")
+        raise ConfigError(f"{project.source}: models.{entry.name}.{field}: {rest}" if named
+                          else f"{project.source}: models.{entry.name}: {e}") from None
 
 
 def project_region(project) -> str | None:

@@ -3,7 +3,8 @@
 Every figure is :data:`WIDTH` x :data:`HEIGHT` pixels: saved at :data:`DPI` without a tight bounding box, so the
 size is exact (the report's ``<img>`` tags and the tests rely on it). Each figure is one row of panels that share
 an x axis: the training step (:func:`step_figure`, :func:`ranks_figure`) or the time since the run started
-(:func:`telemetry_figure`, :func:`progress_figure`; :class:`Clock`). Vertical :class:`Marker` lines show checkpoints (grey, dotted)
+(:func:`telemetry_figure`, :func:`progress_figure`; :class:`Clock`); :func:`goodput_figure` stacks each attempt's
+node-time by part (:mod:`clustertrain.monitor.goodput`). Vertical :class:`Marker` lines show checkpoints (grey, dotted)
 and events (orange for warnings, red for errors) on those axes; a panel with nothing to draw says so in its middle.
 
 The functions take plain values (metrics rows, :class:`~clustertrain.monitor.records.TimingRow` lists, the sampler
@@ -28,10 +29,18 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
+    from clustertrain.monitor.goodput import AttemptGoodput
+
 WIDTH, HEIGHT, DPI = 1200, 300, 100
 #: above this many ranks (or GPU series) one line each is unreadable: min / median / max bands instead
 MAX_LINES = 8
 COLORS = {"checkpoint": "#7f7f7f", "warning": "#ff7f0e", "error": "#d62728"}
+#: goodput parts in the order an attempt goes through them: (label, colour)
+GOODPUT_PARTS = {"overhead": ("restart overhead", "#1f77b4"), "productive": ("productive", "#2ca02c"),
+                 "stall": ("checkpoint stalls", "#9467bd"), "lost": ("lost work", "#d62728"),
+                 "idle": ("idle", "#7f7f7f")}
+#: attempts above this many are drawn without their job and state in the labels
+MAX_BAR_LABELS = 12
 SLOW = "#d62728"
 MAX_LABELS = 12  # event labels drawn on one panel (the lines are all drawn)
 
@@ -284,3 +293,33 @@ def progress_figure(rows: Sequence[dict[str, Any]], checkpoints: Sequence[tuple[
     ax.set_ylabel("step", fontsize=8)
     ax.legend(fontsize=7, loc="best")
     return Plot("progress", "Progress, checkpoints and events over time", _png(fig), WIDTH, HEIGHT)
+
+
+def goodput_figure(attempts: Sequence["AttemptGoodput"]) -> Plot | None:
+    """One horizontal bar per attempt, its node-time stacked by part (productive, restart overhead, checkpoint
+    stalls, lost work, idle) in node-seconds, -minutes or -hours (whichever suits the longest); None without
+    attempts."""
+    if not attempts:
+        return None
+    longest = max(a.allocated_s * a.nodes for a in attempts)
+    unit, div = ("seconds", 1) if longest < 600 else ("minutes", 60) if longest < 3 * 3600 else ("hours", 3600)
+    fig, axes = _figure(1)
+    ax = axes[0]
+    ys = list(range(len(attempts)))
+    left = [0.0] * len(attempts)
+    for part, (label, color) in GOODPUT_PARTS.items():
+        widths = [a.part_s(part) * a.nodes / div for a in attempts]
+        ax.barh(ys, widths, left=left, color=color, height=0.6, label=label, zorder=2)
+        left = [x + w for x, w in zip(left, widths)]
+    ax.set_yticks(ys, [_attempt_label(i, a, len(attempts) <= MAX_BAR_LABELS) for i, a in enumerate(attempts)],
+                  fontsize=8)
+    ax.invert_yaxis()  # the first attempt on top
+    ax.set_xlabel(f"node-{unit} of the allocation", fontsize=8)
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside upper center", ncols=len(GOODPUT_PARTS), fontsize=7)
+    return Plot("goodput", "Goodput: where each attempt's allocated node-time went", _png(fig), WIDTH, HEIGHT)
+
+
+def _attempt_label(i: int, a: "AttemptGoodput", detailed: bool) -> str:
+    if not detailed:
+        return str(i + 1)
+    return f"{i + 1}: {a.job_id or '-'} ({a.outcome})"

@@ -8,12 +8,16 @@ and ``monitor/<node>.events.jsonl``, ``usage.json``, ``monitor/<node>.csv`` and 
 (formats: :mod:`clustertrain.monitor.records`, :mod:`clustertrain.monitor.samples`,
 :mod:`clustertrain.train.checkpoint`, :mod:`clustertrain.runstate`).
 
-What it shows per model: its state, progress, GPU-hours and cost as ``clustertrain status`` sees them
+What it shows per model: its state, progress, GPU-hours, cost and goodput as ``clustertrain status`` sees them
 (:func:`clustertrain.monitor.status.model_status`, judged from the run directory: a report asks no Slurm
-controller), the plan's prediction beside the measurement (step time: the median ``step_time_s`` after the first
-:data:`WARMUP_ROWS` logged rows; memory per GPU: the largest ``mem_allocated_gib``; GPU-hours from ``usage.json``;
-cost = GPU-hours x the plan's price per GPU-hour), the figures of :mod:`clustertrain.monitor.plots` (the slowest
-rank: :func:`slowest_rank`), the events and the checkpoints; then a summary table across models.
+controller), where each attempt's allocated node-time went (:mod:`clustertrain.monitor.goodput`: a table and
+:func:`~clustertrain.monitor.plots.goodput_figure`), the watchdog's incidents (``incidents/<id>/incident.json``,
+:mod:`clustertrain.monitor.resilience`), the plan's prediction beside the measurement (step time: the median
+``step_time_s`` after the first :data:`WARMUP_ROWS` logged rows; memory per GPU: the largest ``mem_allocated_gib``;
+GPU-hours from ``usage.json``; cost = GPU-hours x the plan's price per GPU-hour), the figures of
+:mod:`clustertrain.monitor.plots` (the slowest rank: :func:`slowest_rank`), the events and the checkpoints; then a
+summary table across models, the project's goodput over them and its suspect nodes
+(:mod:`clustertrain.monitor.suspects`; for a run directory, the project of its ``config.yaml``).
 
 Where it is written by default (:attr:`Report.default_output`): ``RUN_DIR/report.html`` for a run directory,
 ``<outputs>/<project>/report.html`` for a project (``storage.outputs``, else ``storage.root``: beside the models'
@@ -33,7 +37,9 @@ from typing import TYPE_CHECKING, Any
 
 from clustertrain.errors import ClusterTrainError, ConfigError, RunDirError
 from clustertrain.monitor import plots
+from clustertrain.monitor.goodput import Goodput
 from clustertrain.monitor.records import PARTS, Event, TimingRow, Usage, read_events, read_jsonl, read_timing, read_usage
+from clustertrain.monitor.resilience import project_suspects, read_incidents
 from clustertrain.monitor.samples import read_samples
 from clustertrain.monitor.status import NOT_STARTED, ModelStatus, human_duration, model_status, plan_gpu_hour_prices
 from clustertrain.rundir import RunPaths, write_atomic
@@ -74,6 +80,12 @@ class ModelData:
     price_per_gpu_hour: float | None = None
     missing: list[str] = field(default_factory=list)
     plots: list[plots.Plot] = field(default_factory=list)
+    incidents: list[dict[str, Any]] = field(default_factory=list)  # every incident.json, oldest first
+    goodput_plot: plots.Plot | None = None
+
+    @property
+    def goodput(self) -> Goodput | None:
+        return self.summary.goodput if self.summary else None
 
     @property
     def last(self) -> dict[str, Any]:
@@ -152,6 +164,14 @@ def seconds(value: float | None) -> str:
     return f"{value:.2f} s" if value < 100 else f"{value:,.0f} s"
 
 
+def span(value: float | None) -> str:
+    """A part of an attempt's time: ``0 s``, :func:`seconds` below a minute, else ``3m 07s``, ``2h 05m`` (``-`` for
+    None)."""
+    if value == 0:
+        return "0 s"
+    return seconds(value) if value is None or value < 60 else human_duration(value)
+
+
 def _ratio(measured: float | None, planned: float | None) -> str:
     return "-" if measured is None or not planned else f"{measured / planned:.2f}x"
 
@@ -184,6 +204,12 @@ class Report:
     default_output: Path
     models: list[ModelData]
     generated: float = field(default_factory=time.time)
+    suspects: list[dict[str, Any]] | None = None  # the project's active suspect nodes (None: no project to ask)
+
+    @property
+    def goodput(self) -> Goodput:
+        """Over every attempt of every model."""
+        return Goodput.combine(m.goodput for m in self.models)
 
 
 # -- gathering --------------------------------------------------------------------------------------
@@ -204,7 +230,8 @@ def gather(path: Path, overrides: list[str] | None = None) -> Report:
         model, project, missing = _run_dir_identity(paths)
         data = gather_model(paths, model, project, _plan(project), missing, now)
         title = f"{project.name} / {model}" if project else model
-        return Report(title, path, paths.root / "report.html", [data], now)
+        suspects = project_suspects(project, now) if project else None
+        return Report(title, path, paths.root / "report.html", [data], now, suspects)
     if not path.is_file():
         raise RunDirError(f"{path}: neither a run directory (no run.json) nor a project file; pass a run directory "
                           "written by `clustertrain run`/`submit` or the project's YAML file")
@@ -212,7 +239,8 @@ def gather(path: Path, overrides: list[str] | None = None) -> Report:
     layout = storage_layout(project)
     plan = _plan(project)
     models = [gather_model(RunPaths(layout.run_dir(e.name)), e.name, project, plan, now=now) for e in project.models]
-    return Report(project.name, path, layout.outputs / project.name / "report.html", models, now)
+    return Report(project.name, path, layout.outputs / project.name / "report.html", models, now,
+                  project_suspects(project, now))
 
 
 def _run_dir_identity(paths: RunPaths) -> tuple[str, "Project | None", list[str]]:
@@ -264,6 +292,7 @@ def gather_model(paths: RunPaths, name: str, project: "Project | None", plan: "P
     if paths.monitor.is_dir():
         m.samples = {f.stem: read_samples(f) for f in sorted(paths.monitor.glob("*.csv"))}
     m.checkpoints = _checkpoints(paths, m.missing)
+    m.incidents = read_incidents(paths)
     for part, present in (("metrics.jsonl", m.metrics), ("timing/rank<R>.jsonl", m.timing),
                           ("usage.json (no GPU-hours, no cost)", m.usage.attempts),
                           ("monitor/<node>.csv (no node telemetry)", any(m.samples.values())),
@@ -273,6 +302,7 @@ def gather_model(paths: RunPaths, name: str, project: "Project | None", plan: "P
     named = {_subject(x) for x in m.missing}  # and what the status read found damaged beyond that
     m.missing += [x for x in m.summary.missing if _subject(x) not in named]
     m.plots = _figures(m)
+    m.goodput_plot = plots.goodput_figure(m.goodput.attempts) if m.goodput else None
     return m
 
 
@@ -357,7 +387,8 @@ def render_html(report: Report) -> str:
     env.filters["num"] = _num
     env.filters["seconds"] = seconds
     env.filters["duration"] = human_duration
-    return env.get_template("report.html.j2").render(report=report, parts=PARTS)
+    env.filters["span"] = span
+    return env.get_template("report.html.j2").render(report=report, parts=PARTS, goodput_parts=plots.GOODPUT_PARTS)
 
 
 def write_report(path: Path, overrides: list[str] | None = None, output: Path | None = None) -> tuple[Path, Report]:

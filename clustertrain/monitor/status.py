@@ -22,7 +22,10 @@ Figures: step, loss, tokens/s and MFU from the last row of ``metrics.jsonl``; th
 queued (with progress), running or requeued; ``max_steps`` from the run's ``config.yaml``, else the project.
 GPU-hours over every attempt of ``usage.json`` (a running attempt counts to now), cost = GPU-hours x the plan's
 price per GPU-hour (:func:`gpu_hour_prices`). Alarms: the events of the current attempt (time >= its start),
-one short line per rank/GPU and kind, errors first. Whatever cannot be read leaves its fields None and is named in
+one short line per rank/GPU and kind, errors first (records such as ``checkpoint`` are not alarms). Goodput (rules:
+:mod:`clustertrain.monitor.goodput`); restarts = attempts - 1 (or Slurm's requeue count, when higher); the newest
+incident of the current attempt, the last preemption save and the project's suspect nodes
+(:mod:`clustertrain.monitor.resilience`). Whatever cannot be read leaves its fields None and is named in
 ``missing``; nothing here raises on a damaged run directory.
 """
 
@@ -37,7 +40,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clustertrain.errors import ClusterTrainError
+from clustertrain.monitor.goodput import Goodput, run_goodput
 from clustertrain.monitor.records import Attempt, Event, Severity, read_events, read_jsonl_counted, read_usage
+from clustertrain.monitor.resilience import (RECORD_KINDS, incident_since, newest_incident, preempt_line,
+                                             project_suspects)
 from clustertrain.rundir import RunPaths
 from clustertrain.runstate import RunStatus, read_run_info, read_status
 from clustertrain.schema import read_yaml
@@ -85,6 +91,10 @@ class ModelStatus:
     host: str | None = None                 # rank 0's node (usage.json)
     heartbeat_age_s: float | None = None    # seconds since rank 0 was last seen alive (usage.json)
     price_per_gpu_hour: float | None = None
+    goodput: Goodput | None = None          # where the allocated node-hours went (clustertrain.monitor.goodput)
+    incident: dict[str, Any] | None = None  # the newest incident of the current attempt: kind, message, time, dir
+    preempt_save: str | None = None         # the last preemption save in one line (clustertrain.monitor.resilience)
+    suspects: list[dict[str, Any]] = field(default_factory=list)  # the project's active suspect nodes
 
     @property
     def failed(self) -> bool:
@@ -131,7 +141,12 @@ def model_status(name: str, run_dir: Path, job: "JobStatus | None" = None, *, ma
     _eta(st)
     _usage(st, usage.attempts, live, now)
     _checkpoint(paths, st, now)
-    st.alarms = alarms(read_events(paths), since=last.started if last else None)
+    events = read_events(paths)
+    st.alarms = alarms(events, since=last.started if last else None)
+    st.goodput = run_goodput(paths, usage.attempts, events, live, now)
+    st.restarts = max(st.restarts, len(usage.attempts) - 1)
+    st.incident = newest_incident(paths, incident_since(usage.attempts))
+    st.preempt_save = preempt_line(events, usage.attempts, live)
     return st
 
 
@@ -148,6 +163,9 @@ def project_status(project: "Project", runs: Iterable[tuple[str, RunPaths | Path
         root = where.root if isinstance(where, RunPaths) else Path(where)
         out.append(model_status(name, root, jobs.get(name), max_steps=project.model(name).training.max_steps,
                                 price_per_gpu_hour=prices.get(name), now=now))
+    suspects = project_suspects(project, now)
+    for row in out:
+        row.suspects = suspects
     return out
 
 
@@ -394,7 +412,7 @@ def alarms(events: list[Event], since: float | None = None) -> list[str]:
     (the latest; "x N" when it recurred), errors first, then the newest."""
     groups: dict[tuple, list[Event]] = {}
     for e in events:
-        if since is None or e.time >= since:
+        if (since is None or e.time >= since) and e.kind not in RECORD_KINDS:
             groups.setdefault((e.kind, e.rank, e.node, e.gpu, e.part), []).append(e)
     ordered = sorted(groups.values(), key=lambda g: (g[-1].severity != Severity.ERROR, -g[-1].time))
     return [alarm_line(g[-1]) + (f" x{len(g)}" if len(g) > 1 else "") for g in ordered]
@@ -415,6 +433,9 @@ def alarm_line(e: Event) -> str:
         "gpu_ecc": f"{gpu} ECC errors",
         "gpu_xid": f"{gpu} XID" + (f" {value}" if value else ""),
         "sampler_failed": "sampler failed" + (f" on {e.node}" if e.node else ""),
+        "hang": f"hang{at}" + (f": rank {e.rank}" if e.rank is not None else "") + (f" on {e.node}" if e.node else ""),
+        "rank_lost": f"rank {e.rank} lost" + (f" on {e.node}" if e.node else "") + at,
+        "node_suspect": f"{e.node} suspect",
     }
     return lines.get(e.kind) or f"{e.kind}: {e.message[:60]}"
 

@@ -1,4 +1,5 @@
-"""``clustertrain status`` on screen: the rich table of :class:`~clustertrain.monitor.status.ModelStatus` rows, their
+"""``clustertrain status`` on screen: the rich table of :class:`~clustertrain.monitor.status.ModelStatus` rows with
+their notes (incidents, preemption saves) and the project's lines (goodput over its models, suspect nodes), their
 JSON (a list of the rows' fields, paths as strings) and the ``--watch`` loop (rich Live, one refresh every
 ``interval`` seconds until Ctrl-C)."""
 
@@ -14,6 +15,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from clustertrain.monitor.goodput import Goodput
+from clustertrain.monitor.resilience import DID_NOT_LAND
 from clustertrain.monitor.status import (COMPLETED, FAILED, NOT_STARTED, QUEUED, REQUEUED, RUNNING, STOPPED, ModelStatus,
                                          human_duration)
 
@@ -28,9 +31,9 @@ def status_json(rows: list[ModelStatus], indent: int | None = 1) -> str:
 
 
 #: (header, right-aligned, drop order on a narrow terminal: 0 = never)
-COLUMNS = (("model", False, 0), ("state", False, 0), ("step", True, 0), ("loss", True, 6), ("tok/s", True, 5),
-           ("MFU", True, 1), ("ETA", True, 0), ("GPU-h", True, 3), ("cost", True, 7), ("checkpoint (age)", False, 4),
-           ("job / nodes", False, 2), ("alarms", False, 8))
+COLUMNS = (("model", False, 0), ("state", False, 0), ("step", True, 0), ("loss", True, 7), ("tok/s", True, 6),
+           ("MFU", True, 1), ("ETA", True, 0), ("GPU-h", True, 3), ("cost", True, 8), ("goodput", True, 4),
+           ("checkpoint (age)", False, 5), ("job / nodes", False, 2), ("alarms", False, 9))
 
 
 def status_table(rows: list[ModelStatus], width: int | None = None) -> Table:
@@ -59,17 +62,53 @@ def _cells(r: ModelStatus) -> list:
     return [r.model, Text(r.state, style=STYLES.get(r.state, "")), _step(r), _num(r.loss, "{:.4f}"),
             _num(r.tokens_per_s, "{:,.0f}"), _num(None if r.mfu is None else r.mfu * 100, "{:.1f}%"),
             human_duration(r.eta_s) if r.eta_s is not None else "-", _hours(r.gpu_hours), _num(r.cost_usd, "${:,.2f}"),
-            _checkpoint(r), _job(r), Text("\n".join(r.alarms) or "-", style="red" if r.alarms else "dim")]
+            _num(r.goodput.percent if r.goodput else None, "{:.1f}%"), _checkpoint(r), _job(r),
+            Text("\n".join(r.alarms) or "-", style="red" if r.alarms else "dim")]
 
 
-def status_view(rows: list[ModelStatus], width: int | None = None) -> RenderableType:
-    """The table (fitted to ``width``), then one line per model with a note or something missing."""
+def status_view(rows: list[ModelStatus], width: int | None = None, now: float | None = None) -> RenderableType:
+    """The table (fitted to ``width``); one line per model with a note or something missing, its newest incident
+    and its last preemption save; then, once for the project, its goodput (several models) and suspect nodes."""
     notes = []
     for r in rows:
         parts = ([r.message] if r.message else []) + ([f"missing: {'; '.join(r.missing)}"] if r.missing else [])
         if parts:
             notes.append(Text(f"{r.model}: " + " | ".join(parts), style="red" if r.state == FAILED else "dim"))
-    return Group(status_table(rows, width), *notes)
+        if r.incident:
+            notes.append(Text(f"{r.model}: {r.incident['kind']}: {r.incident['message']} (incident: "
+                              f"{r.incident['dir']})", style="red"))
+        if r.preempt_save:
+            notes.append(Text(f"{r.model}: last preemption save {r.preempt_save}",
+                              style="red" if r.preempt_save == DID_NOT_LAND else "dim"))
+    return Group(status_table(rows, width), *notes, *project_lines(rows, time.time() if now is None else now))
+
+
+def project_lines(rows: list[ModelStatus], now: float) -> list[Text]:
+    """The project's goodput over its models (when there are several) and its suspect nodes, each said once."""
+    out = []
+    accounted = [r.goodput for r in rows if r.goodput is not None]
+    total = Goodput.combine(accounted)
+    if len(accounted) > 1 and total.percent is not None:
+        out.append(Text(f"project goodput: {goodput_line(total)}", style="dim"))
+    suspects = rows[0].suspects if rows else []
+    if suspects:
+        out.append(Text("suspect nodes (excluded from the project's jobs): "
+                        + "; ".join(suspect_line(s, now) for s in suspects), style="yellow"))
+    return out
+
+
+def goodput_line(g: Goodput) -> str:
+    """"87.2% of 12.40 node-h (lost 0.50, overhead 0.90, idle 0.10, stalls 0.10); 2 restarts"."""
+    parts = ", ".join(f"{name} {g.hours(part):,.2f}" for part, name in
+                      (("lost", "lost"), ("overhead", "overhead"), ("idle", "idle"), ("stall", "stalls")))
+    return (f"{g.percent:.1f}% of {g.allocated_h:,.2f} node-h ({parts}); {g.restarts} restart"
+            + ("s" if g.restarts != 1 else ""))
+
+
+def suspect_line(s: dict, now: float) -> str:
+    """One suspect node in a few words: "node2 (hang, 23h 10m left): rank 1 on node2 is stuck in collective ..."."""
+    left = human_duration(max(0.0, s["expires"] - now))
+    return f"{s['node']} ({s['source']}, {left} left)" + (f": {s['reason']}" if s.get("reason") else "")
 
 
 def make_console() -> Console:

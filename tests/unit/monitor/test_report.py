@@ -129,7 +129,8 @@ def synthesize_run(project_file: Path, model: str = "alpha", steps: int = 40, sl
                                                     message="GPU 1 at 86 C (limit 85 C)", value=86, threshold=85))
     write_usage(paths, Usage(attempts=[Attempt(started=T0, last=T0 + 3600, ended=T0 + 3600, state=State.COMPLETED,
                                                job_id="4242", nodes=["node-1", "node-2"], gpus=16, world_size=4,
-                                               step=steps)]))
+                                               step=steps, allocated=T0 - 30, first_step=T0 + 60, stall_s=90.0,
+                                               saved_step=steps, saved_at=T0 + 3590)]))
     for step in (20, 40):
         ckpt = paths.checkpoints / f"step_{step:08d}"
         ckpt.mkdir(parents=True)
@@ -158,7 +159,7 @@ def test_project_report_shows_every_part_of_a_run_and_marks_the_model_that_never
     html, page = render(project)
     alpha = Page(section(html, "alpha"))
     keys = [attrs["data-plot"] for tag, attrs in alpha.tags if tag == "figure"]
-    assert keys == ["loss_lr", "throughput", "grad_norm", "ranks", "telemetry", "progress"]
+    assert keys == ["loss_lr", "throughput", "grad_norm", "ranks", "telemetry", "progress", "goodput"]
     assert len(alpha.imgs) == len(keys)
     for img in page.imgs:
         assert_real_plot(img)
@@ -206,7 +207,7 @@ def test_a_cpu_run_plots_host_cpu_and_memory_and_says_there_are_no_gpu_columns(t
     paths = synthesize_run(write_project(tmp_path), gpu_csv=False)
     html, page = render(paths.root)
     assert "no GPU columns" in html and "Host CPU and memory per node" in html
-    assert len(page.imgs) == 6
+    assert len(page.imgs) == 7
     for img in page.imgs:
         assert_real_plot(img)
 
@@ -226,7 +227,7 @@ def test_truncated_last_lines_are_skipped_and_the_report_still_renders(tmp_path)
     assert m.metrics[-1]["step"] == 40 and m.timing[0][-1].step == 40 and len(m.events) == 2
     assert len(m.samples["node-1"]) == 60  # 30 samples x 2 GPUs, the cut row left out
     page = Page(render_html(report))
-    assert len(page.imgs) == 6
+    assert len(page.imgs) == 7
 
 
 def test_a_run_with_no_metrics_yet_marks_every_missing_part(tmp_path):
@@ -255,7 +256,7 @@ def test_damaged_records_are_named_and_the_rest_is_shown(tmp_path):
     assert "status.json" in missing and "config.yaml: " in missing
     assert "checkpoint step_00000020" in missing
     assert "no plan: the run&#39;s config.yaml could not be read" in html
-    assert len(page.imgs) == 6  # metrics, timing, samples and events are still drawn
+    assert len(page.imgs) == 7  # metrics, timing, samples and events are still drawn
 
 
 def test_text_from_the_run_is_escaped_and_the_page_loads_nothing(tmp_path):
@@ -333,3 +334,67 @@ def test_a_running_run_whose_rank_0_is_gone_is_shown_failed(tmp_path):
                                                host=socket.gethostname())]))
     html, _ = render(paths.root)
     assert "state-failed" in html and f"rank 0 (pid {pid}) is gone without a final state" in html
+
+
+def table(html: str, cls: str) -> list[str]:
+    """The rows (after the header) of the first ``<table class=cls>`` in ``html``."""
+    start = html.index(f'class="{cls}"')
+    return html[start:html.index("</table>", start)].split("<tr>")[2:]
+
+
+def test_goodput_per_attempt_its_plot_and_the_projects_total(tmp_path):
+    project = write_project(tmp_path)
+    paths = synthesize_run(project)
+    nodes = dict(job_id="4242", nodes=["node-1", "node-2"], gpus=16, world_size=4)
+    write_usage(paths, Usage(attempts=[
+        Attempt(started=T0, last=T0 + 1800, ended=T0 + 1800, state=State.FAILED, step=25, allocated=T0 - 60,
+                first_step=T0 + 60, saved_step=20, saved_at=T0 + 1200, **nodes),
+        Attempt(started=T0 + 2000, last=T0 + 3600, ended=T0 + 3600, state=State.COMPLETED, step_start=20, step=40,
+                allocated=T0 + 1990, first_step=T0 + 2100, stall_s=100, saved_step=40, saved_at=T0 + 3600, **nodes)]))
+    paths.jobs.write_text(json.dumps({"version": 1, "job_id": "4242", "model": "alpha", "job_name": "rep-alpha",
+                                      "script": "s", "output": "o", "submitted": T0 - 660, "restarts": 1}) + "\n")
+    html, page = render(project)
+    a = section(html, "alpha")
+    first, second, total = table(a, "goodput")
+    # failed after its step-20 checkpoint: 2 min start-up, the 10 min after the checkpoint (5 steps) lost
+    assert all(x in first for x in ("failed", "31m 00s", "2m 00s", "19m 00s", "10m 00s", ">5</td>"))
+    assert first.count("10m 00s") == 2  # lost work, and the queue wait since the submission
+    # requeued and completed: 1m 50s start-up, 1m 40s checkpoint stalls, nothing lost; 3m 10s in the queue again
+    assert all(x in second for x in ("completed", "1m 50s", "1m 40s", "23m 20s", ">0</td>", "3m 10s"))
+    assert "1.928" in total and "0.333" in total  # node-hours: 2 nodes x 3,470 s allocated, 2 x 600 s lost
+    assert "73.2% of 1.928 allocated node-hours was productive over\n2 attempts (1 restart); queue wait 13m 10s" in a
+    summary = table(html, "summary")[0]
+    assert "73.2%" in summary and ">1</td>" in summary
+    assert "goodput over every attempt of every model:\n<b>73.2%</b>" in html
+    plot = next(img for img in Page(a).imgs if "Goodput" in img["alt"])
+    assert_real_plot(plot)
+    # beta never ran: no attempt, no goodput, no plot of it
+    assert "no attempt recorded (usage.json): no goodput" in section(html, "beta")
+
+
+def test_incidents_and_the_projects_suspect_nodes(tmp_path):
+    from clustertrain.layout import storage_layout
+    from clustertrain.monitor.suspects import add_suspect
+
+    project = write_project(tmp_path)
+    paths = synthesize_run(project)
+    html, _ = render(project)
+    assert "none: no node of the project is excluded" in html and "no incident (hang or lost rank)" in html
+    where = paths.incidents / "20261123-101112"
+    where.mkdir(parents=True)
+    (where / "incident.json").write_text(json.dumps({
+        "version": 1, "id": "20261123-101112", "time": T0 + 900, "kind": "hang", "job": "4242",
+        "message": "<b>rank 1</b> on node-2 is stuck in collective of step 7 for 41 s", "step": 7,
+        "phase": "collective", "ranks": [1], "nodes": ["node-2"], "waited_s": 41.2, "bound_s": 30.0,
+        "stacks": ["stacks/rank0.txt", "stacks/rank2.txt"], "missing_stacks": [1], "flight": []}))
+    (paths.incidents / "20261123-000000").mkdir()
+    (paths.incidents / "20261123-000000" / "incident.json").write_text("[]")  # not an incident: skipped
+    add_suspect(storage_layout(load_project(project)).suspects_file(), "node-2", source="hang",
+                reason="rank 1 <stuck>", ttl_h=24, job="4242", model="alpha")
+    for target in (project, paths.root):  # a project, and a run directory (its config.yaml names the project)
+        html, _ = render(target)
+        (incident,) = table(section(html, "alpha"), "incidents")
+        assert all(x in incident for x in ("hang", "4242", ">7</td>", "collective", "node-2", str(where),
+                                           "2 stacks; none from rank 1", "&lt;b&gt;rank 1&lt;/b&gt; on node-2"))
+        (suspect,) = table(html, "suspects")
+        assert "node-2" in suspect and "rank 1 &lt;stuck&gt;" in suspect and "job 4242 (alpha)" in suspect

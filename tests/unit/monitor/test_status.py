@@ -286,6 +286,153 @@ def test_json_and_table_show_every_model(tmp_path):
     assert max(len(line) for line in text.splitlines()) <= 70
 
 
+# -- goodput, incidents, preemption saves, suspect nodes ----------------------------------------------------------
+
+
+def two_attempts() -> list[Attempt]:
+    """A failed attempt (its last 400 s after the checkpoint lost), then a completed one, on 2 nodes each."""
+    return [attempt(allocated=NOW - 3700, started=NOW - 3600, first_step=NOW - 3500, saved_at=NOW - 2000,
+                    last=NOW - 1600, ended=NOW - 1600, state=State.FAILED, nodes=["n1", "n2"]),
+            attempt(allocated=NOW - 1000, started=NOW - 990, first_step=NOW - 900, stall_s=50, last=NOW - 100,
+                    ended=NOW - 100, state=State.COMPLETED, nodes=["n1", "n2"])]
+
+
+def test_goodput_and_restarts_over_every_attempt_in_the_row_its_json_and_the_table(tmp_path):
+    paths = make_run(tmp_path / "m", steps=30, status=RunStatus(state=State.COMPLETED, step=30, time=NOW),
+                     attempts=two_attempts())
+    st = model_status("m", paths.root, now=NOW)
+    assert st.state == COMPLETED and st.restarts == 1
+    g = st.goodput
+    assert [(a.overhead_s, a.lost_s, a.stall_s, a.productive_s, a.idle_s) for a in g.attempts] == \
+        [(200, 400, 0, 1500, 0), (100, 0, 50, 750, 0)]
+    assert g.percent == pytest.approx(75.0) and g.allocated_h == pytest.approx(3000 * 2 / 3600)
+    data = json.loads(status_json([st]))[0]
+    assert data["restarts"] == 1 and data["goodput"]["percent"] == pytest.approx(75.0)
+    assert [(a["state"], a["lost_s"], a["nodes"]) for a in data["goodput"]["attempts"]] == \
+        [("FAILED", 400, 2), ("COMPLETED", 0, 2)]
+    console = Console(record=True, width=220)
+    console.print(status_view([st], now=NOW))
+    text = console.export_text()
+    assert "goodput" in text and "75.0%" in text and "(restart 1)" in text
+    assert "project goodput" not in text  # one model: its row says it
+
+
+def write_incident(paths: RunPaths, stamp: str, t: float, kind: str = "hang", message: str = "") -> Path:
+    where = paths.incidents / stamp
+    where.mkdir(parents=True)
+    write_atomic(where / "incident.json", json.dumps({
+        "version": 1, "id": stamp, "time": t, "kind": kind, "job": "local-1", "step": 7, "phase": "collective",
+        "message": message or f"rank 1 on node2 is stuck in collective of step 7 for 41 s ({stamp})",
+        "ranks": [1], "nodes": ["node2"], "waited_s": 41.2, "bound_s": 30.0, "stacks": ["stacks/rank0.txt"],
+        "missing_stacks": [1], "flight": []}))
+    return where
+
+
+def test_the_newest_incident_of_the_current_attempt_is_shown_with_its_directory(tmp_path):
+    paths = make_run(tmp_path / "m", steps=3, status=RunStatus(state=State.FAILED, time=NOW, message="hang"),
+                     attempts=[attempt(started=NOW - 3600, ended=NOW, state=State.FAILED)])
+    write_incident(paths, "20261123-000000", NOW - 9000)  # an earlier attempt's
+    newest = write_incident(paths, "20261123-101112", NOW - 50, message="rank 1 on node2 is stuck\n in collective")
+    (paths.incidents / "20261123-222222").mkdir()
+    (paths.incidents / "20261123-222222" / "incident.json").write_text('{"time": ')  # cut: skipped
+    st = model_status("m", paths.root, now=NOW)
+    assert st.incident == {"kind": "hang", "message": "rank 1 on node2 is stuck in collective", "time": NOW - 50,
+                           "dir": str(newest)}
+    console = Console(record=True, width=250)
+    console.print(status_view([st], now=NOW))
+    assert f"m: hang: rank 1 on node2 is stuck in collective (incident: {newest})" in console.export_text()
+    write_usage(paths, Usage(attempts=[attempt(started=NOW - 3600, ended=NOW - 40, state=State.FAILED),
+                                       attempt(started=NOW - 10, ended=NOW, state=State.COMPLETED)]))
+    assert model_status("m", paths.root, now=NOW).incident is None  # the attempt running now, or the last, had none
+
+
+def test_the_last_preemption_save_landed_late_or_not_at_all():
+    from clustertrain.monitor.resilience import DID_NOT_LAND, preempt_line
+
+    stop = Event(time=NOW - 100, kind="stop_signal", step=40, message="SIGUSR2 asked the ranks to save and stop")
+    saved = Event(time=NOW - 88, kind="preempt_save", step=40, value=12.3, threshold=300.0, message="landed")
+    stopped = [attempt(started=NOW - 3600, ended=NOW - 80, state=State.STOPPED)]
+    assert preempt_line([stop, saved], stopped, live=False) == "landed in 12.3 s of 300 s"
+    late = saved.model_copy(update={"value": 320.0})
+    assert preempt_line([stop, late], stopped, False) == \
+        "committed 320.0 s after the signal, later than the 300 s it gave"
+    assert preempt_line([stop, saved.model_copy(update={"threshold": None})], stopped, False) == "landed in 12.3 s"
+    assert preempt_line([], stopped, False) is None
+    assert preempt_line([stop], stopped, False) is None  # it ended normally and no save was asked of it
+    # a second start got the signal and was killed before its checkpoint was committed
+    again = Event(time=NOW - 30, kind="stop_signal", step=55, message="SIGTERM asked the ranks to save and stop")
+    killed = [*stopped, attempt(started=NOW - 60, last=NOW - 25)]  # RUNNING, never ended
+    assert preempt_line([stop, saved, again], killed, live=False) == DID_NOT_LAND
+    assert preempt_line([stop, saved, again], killed, live=True) == \
+        "saving since the stop signal at step 55: not committed yet"
+
+
+def test_a_killed_attempt_whose_stop_save_never_landed_is_said_in_red(tmp_path):
+    paths = make_run(tmp_path / "m", steps=3, status=RunStatus(state=State.RUNNING, time=NOW - 3600),
+                     attempts=[attempt(pid=dead_pid(), last=NOW - 500)])
+    append_event(paths.events, Event(time=NOW - 510, kind="stop_signal", step=3, message="SIGTERM: save and stop"))
+    append_event(paths.events, Event(time=NOW - 900, kind="checkpoint", step=2, value=0.5, message="committed"))
+    st = model_status("m", paths.root, now=NOW, host=HOST)
+    assert st.state == FAILED and st.preempt_save.startswith("did not land: the job was killed before")
+    assert st.alarms == []  # records, not alarms
+    console = Console(record=True, width=250)
+    console.print(status_view([st], now=NOW))
+    assert "m: last preemption save did not land: the job was killed before the checkpoint was committed" in \
+        console.export_text()
+
+
+def test_the_watchdogs_events_are_alarms_and_records_are_not():
+    events = [Event(time=1, kind="checkpoint", step=5, value=0.1, message="checkpoint step_00000005 committed"),
+              Event(time=2, kind="rank_lost", severity="error", step=9, rank=2, node="node3", message="lost"),
+              Event(time=3, kind="hang", severity="error", step=7, rank=1, node="node2", message="stuck"),
+              Event(time=4, kind="node_suspect", node="node2", message="node2 on the list"),
+              Event(time=5, kind="stop_signal", step=9, message="SIGTERM"),
+              Event(time=6, kind="preempt_save", step=9, value=1.0, message="landed")]
+    assert alarms(events) == ["hang at step 7: rank 1 on node2", "rank 2 lost on node3 at step 9", "node2 suspect"]
+
+
+TWO_MODELS = """name: two
+cluster: {{backend: local, gpus_per_node: 0, procs_per_node: 1}}
+storage: {{root: {root}}}
+models:
+  - {{name: a, model: {{layers: 2, hidden: 64, heads: 4, seq_len: 32}}, training: {{max_steps: 30}}}}
+  - {{name: b, model: {{layers: 2, hidden: 64, heads: 4, seq_len: 32}}, training: {{max_steps: 30}}}}
+"""
+
+
+def test_the_projects_suspect_nodes_and_goodput_are_said_once(tmp_path, capsys):
+    from clustertrain.layout import storage_layout
+    from clustertrain.monitor.suspects import add_suspect, clear_suspects
+
+    path = tmp_path / "two.yaml"
+    path.write_text(TWO_MODELS.format(root=tmp_path / "runs"))
+    project = load_project(path)
+    suspects = storage_layout(project).suspects_file()
+    add_suspect(suspects, "node2", source="hang", reason="rank 1 stuck in collective", ttl_h=24, job="42", model="a",
+                now=NOW - 3600)
+    add_suspect(suspects, "node3", source="crash", reason="killed", ttl_h=24, now=NOW - 3000)
+    add_suspect(suspects, "node4", source="manual", reason="old", ttl_h=1, now=NOW - 7200)  # expired
+    clear_suspects(suspects, ["node3"], now=NOW - 100)
+    runs = [(m, tmp_path / "runs" / "two" / m) for m in ("a", "b")]
+    for _, root in runs:
+        make_run(root, steps=30, status=RunStatus(state=State.COMPLETED, step=30, time=NOW), attempts=two_attempts())
+    rows = project_status(project, runs, now=NOW, prices={})
+    assert [[s["node"] for s in r.suspects] for r in rows] == [["node2"], ["node2"]]
+    assert rows[0].suspects[0]["source"] == "hang" and rows[0].suspects[0]["job"] == "42"
+    console = Console(record=True, width=250)
+    console.print(status_view(rows, now=NOW))
+    text = console.export_text()
+    assert text.count("suspect nodes") == 1 and "node2 (hang, 23h 00m left): rank 1 stuck in collective" in text
+    assert "node3" not in text and "node4" not in text
+    assert text.count("project goodput: 75.0% of 3.33 node-h (lost 0.44, overhead 0.33, idle 0.00, stalls 0.06); "
+                      "2 restarts") == 1
+    capsys.readouterr()
+    add_suspect(suspects, "node5", source="rank_lost", reason="rank 3 lost", ttl_h=1)  # active now (the others: at NOW)
+    code, out, err = run_main(["status", str(path), "--json"], capsys)  # the command: every row carries the list
+    assert code == 0, err
+    assert [[s["node"] for s in r["suspects"]] for r in json.loads(out)] == [["node5"], ["node5"]]
+
+
 # -- the command ---------------------------------------------------------------------------------------------------
 
 

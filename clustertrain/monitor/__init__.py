@@ -7,6 +7,12 @@
 - :mod:`~clustertrain.monitor.alarms` — the trainer's alarm rules (loss spike, throughput drop, straggler).
 - :mod:`~clustertrain.monitor.status` — one row per model: state, progress, speed, ETA, cost, alarms.
 - :mod:`~clustertrain.monitor.report` — the self-contained HTML run report with plots.
+- :mod:`~clustertrain.monitor.heartbeats` — each rank's heartbeat and the watchdog's requests (formats).
+- :mod:`~clustertrain.monitor.hang` — the watchdog's rules: a hang, a lost rank, whom to blame.
+- :mod:`~clustertrain.monitor.watchdog` — the watchdog: incidents (stacks, flight recorder), blame, the verdict.
+- :mod:`~clustertrain.monitor.suspects` — the project's suspect-node list.
+- :mod:`~clustertrain.monitor.goodput` — allocated node-hours as productive time, overhead, stalls, lost work, idle.
+- :mod:`~clustertrain.monitor.resilience` — incidents, preemption saves and suspects as status reads them.
 
 Public API (imported lazily, so that light commands do not pay for matplotlib).
 """

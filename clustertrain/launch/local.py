@@ -72,8 +72,7 @@ class LocalLauncher:
                                     port=cluster.master_port, extra_env={"CLUSTERTRAIN_ALLOCATED_AT": f"{now:.3f}"})
         procs = [started[r] for r in sorted(started)]
         job_id = f"local-{procs[0].pid}"
-        watchdog = Watchdog(spec.paths, spec.project.monitor, len(procs), job=job_id, model=spec.entry.name,
-                            log=lambda m: print(f"clustertrain watchdog: {m}", file=sys.stderr, flush=True))
+        watchdog = Watchdog(spec.paths, spec.project.monitor, len(procs), job=job_id, model=spec.entry.name)
         self.jobs[job_id] = LocalJob(spec, procs, now, watchdog=watchdog)
         return job_id
 

@@ -47,8 +47,9 @@ from clustertrain.rundir import RunPaths, write_atomic
 from clustertrain.schema import StoredModel
 
 RECORD_BYTES = 512
-#: what a rank can be doing, in the order of one step (``startup`` before the first)
-PHASES = ("startup", "data", "forward", "backward", "optimizer", "collective", "checkpoint")
+#: what a rank can be doing, in the order of one step (``startup`` before the first; ``upload``: rank 0 waiting for the
+#: last checkpoint's backup after training)
+PHASES = ("startup", "data", "forward", "backward", "optimizer", "collective", "checkpoint", "upload")
 #: the last record of a rank that left training: ``done`` (trained or stopped as asked), ``error`` (stopped with its
 #: own one-line reason: bad input, a diverged run, a full disk — running it again fails the same way), ``failed``
 #: (an exception: a peer vanished, a device error...)

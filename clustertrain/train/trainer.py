@@ -241,7 +241,8 @@ class Trainer:
         """Save at this step: asynchronously unless it is the run's last save (then wait, so it is committed)."""
         self._phase("checkpoint")
         started = time.perf_counter()
-        self._save_started[self.step] = time.time()
+        if self.env.rank == 0:  # only rank 0 commits, and so learns how long a save took
+            self._save_started[self.step] = time.time()
         self._save_now(final)
         if self.watch:
             self.watch.stalled(time.perf_counter() - started)

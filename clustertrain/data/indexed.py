@@ -26,6 +26,13 @@ named by the index (little-endian).
 The token dtype follows Megatron's preprocessing: uint16 when the vocabulary has fewer than
 65,500 entries, otherwise int32 (:func:`token_dtype`).
 
+Reading. :class:`IndexedDataset` maps both files; training reads tokens with :meth:`IndexedDataset.read`,
+a positional read (``os.pread``) of the ``.bin`` rather than its memory map: touching a mapping past the end
+of a file truncated under a running job kills the process with SIGBUS (no message, no traceback), while a short
+read is one :class:`~clustertrain.errors.DataError` line naming the file and its sizes. Opening a ``.bin``
+shorter than its index says is refused the same way. ``python bench/data_read.py`` measures the cost against
+the memory map (docs/training.md, "Storage failures").
+
 :class:`IndexedWriter` streams: tokens go straight to ``P.bin`` and the per-sequence lengths
 and the document indices are spilled to temporary files in chunks, so memory stays bounded
 however large the input. Both files are written under temporary names and renamed into place
@@ -113,6 +120,11 @@ class IndexedDataset:
         if not bpath.is_file():
             raise DataError(f"{bpath}: missing data file next to {path}; re-create the dataset")
         self.bin_size = bpath.stat().st_size
+        need = int(self.sequence_pointers[-1]) + int(self.sequence_lengths[-1]) * self.dtype.itemsize if s else 0
+        if self.bin_size < need:
+            raise DataError(f"{bpath}: {self.bin_size} bytes but {path} points at {need}; the data file is truncated, "
+                            "re-create the dataset")
+        self._bin = open(bpath, "rb", buffering=0)  # for read(): closed with the dataset
         self.tokens = (np.memmap(bpath, dtype=self.dtype.newbyteorder("<"), mode="r")
                        if self.bin_size >= self.dtype.itemsize else np.zeros(0, self.dtype))
 
@@ -126,6 +138,20 @@ class IndexedDataset:
     @property
     def n_tokens(self) -> int:
         return int(self.sequence_lengths.sum(dtype=np.int64))
+
+    def read(self, start: int, count: int) -> np.ndarray:
+        """``count`` tokens from token ``start`` of ``.bin``, by a positional read (see the module docstring): a
+        file that shrank since it was opened is one DataError line, never a SIGBUS."""
+        size = self.dtype.itemsize
+        data = os.pread(self._bin.fileno(), count * size, start * size)
+        if len(data) < count * size:
+            now = os.fstat(self._bin.fileno()).st_size
+            raise DataError(
+                f"{bin_path(self.prefix)}: {now} bytes now, {self.bin_size} when training opened it (tokens at bytes "
+                f"{start * size}-{(start + count) * size} are gone): the file was truncated or overwritten under the "
+                "running job; restore it (`clustertrain run` re-tokenizes a dataset it prepared; else prepare or copy "
+                "it again) and run the same command to resume from the last checkpoint")
+        return np.frombuffer(data, dtype=self.dtype.newbyteorder("<"))
 
     def token_offset(self, i: int) -> int:
         """Offset of sequence ``i`` in tokens (not bytes) inside ``.bin``."""

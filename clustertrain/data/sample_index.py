@@ -34,6 +34,11 @@ Intended differences from Megatron:
   (Megatron uses its "exhaustive" blend there); ``num_samples=None`` with weights builds
   ``sum of one-epoch sample counts`` blended samples (Megatron requires a size).
 * Samples are returned as token ids only (no masks or position ids; the trainer derives them).
+* Given the tokenizer's ``vocab_size``, :meth:`GPTSamples.batch` refuses a token id outside
+  ``[0, vocab_size)`` in one :class:`~clustertrain.errors.DataError` line naming the file (a corrupt file,
+  or one prepared with another tokenizer), where a model would index past its embedding or silently train on
+  rows no token owns. Tokens are read with :meth:`IndexedDataset.read` (positional reads: a file truncated
+  under the running job is one line too, not a SIGBUS).
 
 Index arrays are cached as ``.npy`` in ``<prefix>.samples/`` next to the data (or ``cache_dir``),
 named by a hash of everything that shapes them (format version, the ``.idx`` size and mtime,
@@ -213,14 +218,14 @@ class _Part:
         ds, ptr = self.ds, self.ds.sequence_pointers
         if d0 == d1:
             start = int(ptr[doc_index[d0]]) // self.itemsize + o0
-            return ds.tokens[start : start + o1 - o0 + 1]
+            return ds.read(start, o1 - o0 + 1)
         parts = []
         for d in range(d0, d1 + 1):
             seq = int(doc_index[d])
             start = int(ptr[seq]) // self.itemsize
             a = o0 if d == d0 else 0
             b = o1 + 1 if d == d1 else int(ds.sequence_lengths[seq])
-            parts.append(ds.tokens[start + a : start + b])
+            parts.append(ds.read(start + a, b - a))
         return np.concatenate(parts)
 
 
@@ -229,11 +234,13 @@ class GPTSamples:
 
     ``sample(i)`` / ``batch(start, count)`` accept any non-negative global index; sample ``i`` is
     a pure function of the files and (seq_len, seed, split, part, weights, num_samples, i).
+    ``vocab_size``: the tokenizer's; :meth:`batch` then refuses token ids outside it (None: not checked).
     """
 
     def __init__(self, prefixes: str | os.PathLike | Sequence[str | os.PathLike], seq_len: int, seed: int = 1234,
                  split: str | Sequence[float] = "100,0,0", part: str = "train", weights: Sequence[float] | None = None,
-                 num_samples: int | None = None, cache_dir: str | os.PathLike | None = None, cache: bool = True):
+                 num_samples: int | None = None, cache_dir: str | os.PathLike | None = None, cache: bool = True,
+                 vocab_size: int | None = None):
         paths = [prefixes] if isinstance(prefixes, (str, os.PathLike)) else list(prefixes)
         if not paths:
             raise DataError("GPTSamples: no dataset prefixes given")
@@ -249,7 +256,7 @@ class GPTSamples:
         bounds = parse_split(split)[k]
         if bounds is None:
             raise DataError(f"split {split!r} gives the {part} part no data; give it a non-zero ratio")
-        self.seq_len, self.seed = seq_len, seed
+        self.seq_len, self.seed, self.vocab_size = seq_len, seed, vocab_size
         datasets = [IndexedDataset(p) for p in paths]
 
         def cdir(ds: IndexedDataset) -> Path | None:
@@ -289,17 +296,35 @@ class GPTSamples:
 
     def sample(self, i: int) -> np.ndarray:
         """Global sample ``i`` (``seq_len + 1`` token ids, in the file's dtype)."""
+        part, j = self._locate(i)
+        return part.sample(j)
+
+    def _locate(self, i: int) -> tuple[_Part, int]:
+        """The part (dataset) holding global sample ``i`` and its index there."""
         if i < 0:
             raise IndexError(f"sample index {i} is negative")
         if self._blend is None:
-            return self._parts[0].sample(i)
+            return self._parts[0], i
         cycle, pos = divmod(i, self._len)
         d = int(self._blend[0][pos])
-        return self._parts[d].sample(cycle * int(self._counts[d]) + int(self._blend[1][pos]))
+        return self._parts[d], cycle * int(self._counts[d]) + int(self._blend[1][pos])
 
     def batch(self, start: int, count: int) -> np.ndarray:
         """``count`` consecutive global samples from ``start`` as int64 ``[count, seq_len + 1]``."""
         out = np.empty((count, self.seq_len + 1), dtype=np.int64)
         for r in range(count):
             out[r] = self.sample(start + r)
+        if self.vocab_size is not None and out.size and (out.max() >= self.vocab_size or out.min() < 0):
+            self._refuse(start, out)
         return out
+
+    def _refuse(self, start: int, out: np.ndarray) -> None:
+        """One DataError line for the first sample of ``out`` holding a token outside the vocabulary."""
+        row = int(np.flatnonzero(((out >= self.vocab_size) | (out < 0)).any(axis=1))[0])
+        token = int(next(t for t in out[row] if t >= self.vocab_size or t < 0))
+        prefix = self._locate(start + row)[0].ds.prefix
+        raise DataError(
+            f"{prefix}.bin: sample {start + row} holds token id {token}, outside the tokenizer's vocabulary "
+            f"[0, {self.vocab_size}): the file is corrupt or was prepared with another tokenizer; find it with "
+            f"`clustertrain data validate {prefix} --full`, prepare it again, then run the same command to resume "
+            "from the last checkpoint")

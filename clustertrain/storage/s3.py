@@ -3,16 +3,31 @@
 Credentials come only from boto3's standard chain; nothing here reads, stores or prints them.
 Each object carries its SHA-256 as user metadata ``sha256`` and, unless ``checksum`` is off, as S3's
 own checksum (``ChecksumAlgorithm=SHA256``: full-object for single PUTs, per part for multipart).
+
+Retries. Every request runs in botocore's ``standard`` retry mode (whatever ``AWS_RETRY_MODE`` says): it retries
+connection errors (refused, reset, closed mid-transfer, timeouts), 5xx answers and throttling, with
+truncated exponential backoff and full jitter (50 ms x 2^i for transient errors, 1 s x 2^i for throttling,
+at most 20 s), under a per-client retry quota, so a dead endpoint under 8 parallel transfers cannot turn into a
+retry storm. ``legacy`` mode retries fewer transient errors and has no quota; ``adaptive`` adds client-side
+rate limiting, which only helps against throttling. Attempts per request: ``StoreConfig.max_attempts``, else
+``AWS_MAX_ATTEMPTS`` or the profile's ``max_attempts``, else :data:`DEFAULT_ATTEMPTS` (5, not botocore's 3: one
+multipart part of a large checkpoint failing its last attempt fails the whole upload). The time to give up is
+bounded: an endpoint that refuses or resets connections fails a request within about a second of backoff
+(0.75 s at most for 5 attempts); one that black-holes them within attempts x ``connect_timeout_s`` (or
+``read_timeout_s`` once a response stalled) plus that backoff. The error is then one line naming the endpoint,
+the bucket/key and the fix (:meth:`S3Store._errors`); a sync run again sends only what is missing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import boto3
 import botocore.exceptions as bx
+import botocore.session
 from boto3.exceptions import RetriesExceededError, S3UploadFailedError
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config as BotoConfig
@@ -28,6 +43,9 @@ from clustertrain.storage.store import (
 )
 
 META_KEY = "sha256"
+_UNREACHABLE = (bx.EndpointConnectionError, bx.ConnectionClosedError, bx.ConnectTimeoutError, bx.ReadTimeoutError)
+DEFAULT_ATTEMPTS = 5
+"""Attempts per request when neither ``StoreConfig.max_attempts`` nor ``AWS_MAX_ATTEMPTS``/the profile set one."""
 _MIB = 1 << 20
 
 
@@ -50,12 +68,13 @@ class S3Store(IncompleteCleanup):
             read_timeout=config.read_timeout_s,
             s3={"addressing_style": config.addressing_style},
         )
-        if config.max_attempts is not None:
-            boto_kwargs["retries"] = {"max_attempts": config.max_attempts, "mode": "standard"}
         if not config.checksum:
             boto_kwargs.update(request_checksum_calculation="when_required", response_checksum_validation="when_required")
         with self._errors("connect to"):
-            session = boto3.session.Session(profile_name=config.profile, region_name=config.region)
+            core = botocore.session.Session(profile=config.profile)
+            self.attempts = config.max_attempts or core.get_config_variable("max_attempts") or DEFAULT_ATTEMPTS
+            boto_kwargs["retries"] = {"mode": "standard", "total_max_attempts": self.attempts}
+            session = boto3.session.Session(botocore_session=core, region_name=config.region)
             self._client = session.client("s3", endpoint_url=config.endpoint_url, config=BotoConfig(**boto_kwargs))
         self.endpoint = self._client.meta.endpoint_url
 
@@ -163,6 +182,7 @@ class S3Store(IncompleteCleanup):
         """Turn boto errors a user can fix into one-line :class:`StorageError` messages."""
         where = f"{self.url}/{key}" if key else self.url
         endpoint = getattr(self, "endpoint", None) or self.config.endpoint_url or "the default AWS endpoint"
+        started = time.monotonic()
         try:
             yield
         except (bx.NoCredentialsError, bx.PartialCredentialsError):
@@ -174,17 +194,16 @@ class S3Store(IncompleteCleanup):
             raise StorageError(
                 f"AWS profile {self.config.profile!r} is not in ~/.aws/config or ~/.aws/credentials; fix the profile name"
             ) from None
-        except (bx.EndpointConnectionError, bx.ConnectionClosedError, bx.ConnectTimeoutError, bx.ReadTimeoutError) as err:
-            raise StorageError(
-                f"cannot reach the S3 endpoint {endpoint} to {action} {where} ({type(err).__name__}); "
-                "check --endpoint-url / AWS_ENDPOINT_URL and the network, then run the same command again"
-            ) from None
+        except _UNREACHABLE as err:
+            raise self._unreachable(err, action, where, endpoint, started) from None
         except bx.ClientError as err:
             raise self._client_error(err, action, where, endpoint) from None
         except (S3UploadFailedError, RetriesExceededError) as err:
             cause = err.__context__ or err.__cause__
             if isinstance(cause, bx.ClientError):
                 raise self._client_error(cause, action, where, endpoint) from None
+            if isinstance(cause, _UNREACHABLE):  # a multipart transfer (s3transfer) gave up on the endpoint
+                raise self._unreachable(cause, action, where, endpoint, started) from None
             if "NoSuchBucket" in str(err):
                 raise StorageError(f"bucket {self.bucket!r} does not exist at {endpoint}; create it or fix the URL") from None
             text = " ".join(str(err).split())
@@ -192,6 +211,14 @@ class S3Store(IncompleteCleanup):
         except bx.BotoCoreError as err:
             text = " ".join(str(err).split())
             raise StorageError(f"cannot {action} {where}: {text}") from None
+
+    def _unreachable(self, err: Exception, action: str, where: str, endpoint: str, started: float) -> StorageError:
+        """The endpoint could not be reached (after botocore's retries, see the module docstring)."""
+        tried = f", up to {self.attempts} attempts" if hasattr(self, "attempts") else ""
+        return StorageError(
+            f"cannot reach the S3 endpoint {endpoint} to {action} {where} ({type(err).__name__}{tried} in "
+            f"{time.monotonic() - started:.1f} s); check --endpoint-url / AWS_ENDPOINT_URL and the network, then run "
+            "the same command again (it sends only what is missing)")
 
     def _client_error(self, err: bx.ClientError, action: str, where: str, endpoint: str) -> StorageError:
         error = err.response.get("Error", {})

@@ -65,7 +65,8 @@ class StoreConfig(StrictModel):
         "turn off for endpoints that reject checksum headers.",
     )
     max_attempts: int | None = Field(
-        None, ge=1, description="Attempts per request; unset: botocore's default or AWS_MAX_ATTEMPTS."
+        None, ge=1, description="Attempts per request (botocore's standard retry mode: exponential backoff with "
+        "jitter); unset: AWS_MAX_ATTEMPTS or the profile's max_attempts, else 5 (clustertrain.storage.s3)."
     )
     connect_timeout_s: float = Field(10.0, gt=0, description="Seconds to wait for a connection.")
     read_timeout_s: float = Field(60.0, gt=0, description="Seconds to wait for a response chunk.")

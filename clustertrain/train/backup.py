@@ -20,7 +20,9 @@ How (:class:`CheckpointBackup`)
     the checkpoint being uploaded nor the waiting one (:meth:`CheckpointBackup.protected`; they are
     deleted at a later save, or by the final prune). Before the process exits, rank 0 waits for the
     last one. A failed upload is logged and recorded; it never stops training, and the run still
-    ends with exit code 0 (its checkpoints are intact on the file system).
+    ends with exit code 0 (its checkpoints are intact on the file system). The log line gives the error
+    (for an endpoint that went away: which one, after the retries of :mod:`clustertrain.storage.s3`) and the
+    command that finishes the copy by hand, with the project's endpoint and region; it sends only what is missing.
 
 Records (in ``status.json``, written by :func:`clustertrain.train.trainer.write_status`; the format is
 :class:`clustertrain.runstate.RunStatus`)
@@ -36,6 +38,7 @@ Records (in ``status.json``, written by :func:`clustertrain.train.trainer.write_
 from __future__ import annotations
 
 import argparse
+import shlex
 import subprocess
 import sys
 import threading
@@ -93,8 +96,12 @@ def child_upload(endpoint_url: str | None, region: str | None) -> Upload:
 class CheckpointBackup:
     """Background uploads of rank 0's checkpoints: at most one in flight, one waiting (the newest)."""
 
-    def __init__(self, url_for: Callable[[Path], str], upload: Upload, log: Callable[[str], None] = print):
+    def __init__(self, url_for: Callable[[Path], str], upload: Upload, log: Callable[[str], None] = print,
+                 sync_flags: list[str] | None = None):
+        """``sync_flags``: what `clustertrain storage sync` needs besides the two places to reach the bucket
+        (``--endpoint-url``, ``--region``), for the retry command of a failed upload's log line."""
         self._url_for, self._upload, self._log = url_for, upload, log
+        self._sync_flags = sync_flags or []
         self._cond = threading.Condition()
         self._pending: Path | None = None
         self._active: Path | None = None
@@ -108,8 +115,11 @@ class CheckpointBackup:
         """The uploader for a run, or None when the project names no checkpoint bucket."""
         if not project.storage.checkpoint_bucket:
             return None
+        storage = project.storage
+        flags = [*(["--endpoint-url", storage.endpoint_url] if storage.endpoint_url else []),
+                 *(["--region", storage.region] if storage.region else [])]
         return cls(lambda ckpt: checkpoint_backup_url(project, entry, ckpt) or "",
-                   child_upload(project.storage.endpoint_url, project.storage.region), log)
+                   child_upload(storage.endpoint_url, storage.region), log, flags)
 
     # -- the training side -------------------------------------------------------------------
     def submit(self, checkpoint: Path) -> None:
@@ -184,8 +194,9 @@ class CheckpointBackup:
             except Exception as e:  # noqa: BLE001 - any failure of a backup is reported, never raised into training
                 message = str(e).splitlines()[0] if str(e) else type(e).__name__
                 rec = BackupRecord(checkpoint=ckpt.name, url=url, state=BackupState.FAILED, error=message)
+                retry = shlex.join(["clustertrain", "storage", "sync", str(ckpt), url, *self._sync_flags])
                 self._log(f"backup of {ckpt.name} to {url} FAILED: {message}; training goes on "
-                          f"(retry by hand: clustertrain storage sync {ckpt} {url})")
+                          f"(retry by hand: {retry})")
             rec.started, rec.finished = started, time.time()
             rec.seconds = round(rec.finished - started, 3)
             with self._cond:

@@ -10,10 +10,12 @@ Layout below ``RUN_DIR/checkpoints/``::
                              "step": 40, "consumed_samples": 640, "world_size": 4,
                              "layout": {"world": 4, "dp": 2, "tp": 2, "zero_stage": 3, ...},
                              "fingerprint": "3f2a09c1d4e5b6a7", "project": "p", "model": "tiny",
-                             "time": 1795000000.0}
+                             "time": 1795000000.0,
+                             "files": {".metadata": 5784, "__0_0.distcp": 2353355, ...}}
     latest                  text file naming the newest complete checkpoint directory (atomic rename)
     .tmp-step_...           a save in progress (or killed); removed at the next start
     .trash-step_...         a checkpoint being pruned
+    damaged-step_...        a checkpoint found damaged at resume, set aside (kept for a person to look at)
 
 What the DCP state dict holds (model, optimizer, step and data position, per-rank RNG) and what resumes
 exactly across a layout change is :mod:`clustertrain.train.state`'s docstring. ``layout`` is
@@ -40,6 +42,22 @@ file before returning its write result). :meth:`~CheckpointManager.poll` (non-bl
 :meth:`~CheckpointManager.wait` (at the end) and the next ``save`` commit it and return its path on rank 0.
 The data files are ``torch.save`` records without zip CRC-32s (``torch.load`` never checks them).
 
+Damage after the commit (:meth:`CheckpointManager.load_latest`). ``files`` in ``meta.json`` is the size of
+every DCP file (``.metadata`` and each ``.distcp``) when the checkpoint was committed; a checkpoint without it
+(written before it was recorded) is checked for ``.metadata`` only. At resume, a checkpoint whose listed files
+are missing or of another size, whose ``meta.json`` cannot be read, or that DCP fails to load is skipped: the
+resume falls back to the next older complete checkpoint, says so in one line per checkpoint skipped, renames
+each skipped one to ``damaged-step_N`` (so pruning and ``latest`` never count it again) and points ``latest``
+at the one loaded. Sizes catch truncation and removal before DCP reads garbage; an overwrite of the same
+size is caught by DCP's load failing. Only when no checkpoint loads does the resume stop (one line naming
+each and the fix).
+
+A save that fails (a full file system, quota, I/O error; in the synchronous write, the asynchronous
+write — seen at :meth:`~CheckpointManager.poll`/:meth:`~CheckpointManager.wait` — or the commit) raises one
+:class:`~clustertrain.errors.RunDirError` line naming the step, the file system (type, mount point, free and
+total space: ``os.statvfs`` and ``/proc/self/mounts``) and the checkpoint ``latest`` still names; rank 0
+first removes the half-written ``.tmp-step_N``.
+
 Pruning (``keep_last``) skips the checkpoints a background backup is reading or about to read
 (``protected``, see :mod:`clustertrain.train.backup`); they go at a later save or the final
 :meth:`CheckpointManager.prune`. A pruned directory is renamed to ``.trash-step_…`` first, so a
@@ -54,6 +72,7 @@ to check ownership without loading torch.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -78,6 +97,8 @@ if TYPE_CHECKING:
 FORMAT = "clustertrain-checkpoint"
 VERSION = 2
 STEP_DIR = re.compile(r"^step_(\d{8})$")
+DAMAGED_PREFIX = "damaged-"
+FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
 def step_dir_name(step: int) -> str:
@@ -100,6 +121,17 @@ class CheckpointMeta(StoredRecord):
     project: str | None = Field(None, description="Project name.")
     model: str | None = Field(None, description="Model name.")
     time: float | None = Field(None, description="When it was saved (Unix seconds).")
+    files: dict[str, int] | None = Field(None, description="Size in bytes of every DCP file (.metadata, each .distcp) "
+                                         "at commit; None in checkpoints saved before it was recorded.")
+
+
+@dataclass
+class LoadedCheckpoint:
+    """What :meth:`CheckpointManager.load_latest` loaded; ``notes``: one line per newer checkpoint it skipped."""
+
+    path: Path
+    meta: CheckpointMeta
+    notes: list[str]
 
 
 def read_meta(path: Path) -> CheckpointMeta:
@@ -131,24 +163,55 @@ def complete_checkpoints(root: Path) -> list[Path]:
     return sorted(found, key=lambda p: p.name)
 
 
+def resume_candidates(root: Path) -> list[Path]:
+    """Where a resume looks, in order: the directory ``latest`` names (complete or not), then every other
+    complete checkpoint, newest first."""
+    pointer = root / "latest"
+    named = pointer.read_bytes().decode("utf-8", "replace").strip() if pointer.is_file() else ""  # may be garbage
+    first = [root / named] if STEP_DIR.match(named) else []
+    return first + [p for p in reversed(complete_checkpoints(root)) if p.name != named]
+
+
 def find_latest(root: Path) -> Path | None:
     """The checkpoint ``latest`` names if it is complete, else the newest complete one."""
-    pointer = root / "latest"
-    if pointer.is_file():
-        candidate = root / pointer.read_text().strip()
-        if STEP_DIR.match(candidate.name) and is_complete(candidate):
-            return candidate
-    done = complete_checkpoints(root)
-    return done[-1] if done else None
+    return next((p for p in resume_candidates(root) if is_complete(p)), None)
+
+
+def dcp_files(path: Path) -> dict[str, int]:
+    """Size of every DCP file (``.metadata`` and each ``.distcp``) in the checkpoint directory ``path``."""
+    return {p.name: p.stat().st_size for p in sorted(path.iterdir())
+            if p.is_file() and (p.name == ".metadata" or p.name.endswith(".distcp"))}
+
+
+def damage(path: Path) -> str | None:
+    """Why the checkpoint directory ``path`` cannot be loaded as committed (a file missing, of another size than
+    ``meta.json`` records, or an unreadable ``meta.json``), or None."""
+    if not path.is_dir():
+        return "it does not exist"
+    try:
+        meta = read_record(path / "meta.json", CheckpointMeta)
+    except (RunDirError, ValueError):  # read_record lets a non-UTF-8 file's UnicodeDecodeError through
+        return "meta.json is damaged"
+    if meta is None:
+        return "meta.json is missing"
+    for name, size in {".metadata": None, **(meta.files or {})}.items():
+        if not (path / name).is_file():
+            return f"{name} is missing"
+        actual = (path / name).stat().st_size
+        if size is not None and actual != size:
+            return f"{name} is {actual} bytes, {size} when it was saved"
+    return None
 
 
 def check_ownership(root: Path, fingerprint: str, project: str, model: str) -> None:
     """Refuse to resume from checkpoints another project/model/architecture wrote, or in a format this
-    version cannot load."""
-    latest = find_latest(root)
-    if latest is None:
+    version cannot load. Judged on the newest complete checkpoint whose ``meta.json`` reads (a damaged one is
+    skipped, as :meth:`CheckpointManager.load_latest` skips it)."""
+    readable = ((p, _readable_meta(p)) for p in resume_candidates(root) if is_complete(p))
+    found = next(((p, m) for p, m in readable if m is not None), None)
+    if found is None:
         return
-    meta = read_meta(latest)
+    latest, meta = found
     if meta.fingerprint != fingerprint:
         raise RunDirError(
             f"{root.parent}: holds checkpoints of project {meta.project!r} model {meta.model!r} "
@@ -156,6 +219,13 @@ def check_ownership(root: Path, fingerprint: str, project: str, model: str) -> N
             "or --no-resume to archive them and start over"
         )
     check_format(latest, meta)
+
+
+def _readable_meta(path: Path) -> CheckpointMeta | None:
+    try:
+        return read_meta(path)
+    except (RunDirError, ValueError):  # read_record lets a non-UTF-8 file's UnicodeDecodeError through
+        return None
 
 
 def clean_stale(root: Path) -> None:
@@ -248,7 +318,10 @@ class CheckpointManager:
             tmp.mkdir(parents=True)
         _barrier()
         if not async_save:
-            dcp.save(state, storage_writer=self.writer(tmp), no_dist=not _distributed())
+            try:
+                dcp.save(state, storage_writer=self.writer(tmp), no_dist=not _distributed())
+            except _save_errors() as e:  # every rank gets the same failure (DCP gathers them)
+                raise self._failed(step, tmp, e) from None
             if self.rank == 0:
                 self._commit(_InFlight(None, step, consumed_samples, final, tmp))  # type: ignore[arg-type]
             _barrier()
@@ -272,7 +345,10 @@ class CheckpointManager:
         inflight, self._inflight = self._inflight, None
         if inflight is None:
             return None
-        inflight.future.result()  # a failed write raises here, on every rank (DCP broadcasts failures)
+        try:
+            inflight.future.result()  # a failed write raises here, on every rank (DCP broadcasts failures)
+        except _save_errors() as e:
+            raise self._failed(inflight.step, inflight.tmp, e) from None
         return self._commit(inflight) if self.rank == 0 else None
 
     def close(self) -> Path | None:
@@ -288,18 +364,41 @@ class CheckpointManager:
         """Rank 0: meta.json, rename to ``step_N``, then ``latest`` (each step durable before the next)."""
         meta = CheckpointMeta(version=VERSION, step=done.step, consumed_samples=done.consumed_samples,
                               world_size=self.world_size, layout=self.layout, fingerprint=self.fingerprint,
-                              project=self.project, model=self.model_name, time=time.time())
-        write_record(done.tmp / "meta.json", meta)
-        fsync_dir(done.tmp)
+                              project=self.project, model=self.model_name, time=time.time(), files=dcp_files(done.tmp))
+        try:
+            write_record(done.tmp / "meta.json", meta)
+            fsync_dir(done.tmp)
+        except OSError as e:
+            raise self._failed(done.step, done.tmp, e) from None
         if done.final.exists():  # an earlier save of the same step that `latest` never named
             trash = self.root / f".trash-{done.final.name}-{os.getpid()}"
             os.replace(done.final, trash)
             shutil.rmtree(trash, ignore_errors=True)
         os.replace(done.tmp, done.final)
         fsync_dir(self.root)
-        write_atomic(self.root / "latest", done.final.name + "\n")
+        try:
+            write_atomic(self.root / "latest", done.final.name + "\n")
+        except OSError as e:  # the checkpoint is complete; `latest` still names the one before it
+            raise self._failed(done.step, done.tmp, e) from None
         self._prune(done.final)
         return done.final
+
+    def _failed(self, step: int, tmp: Path, error: BaseException) -> RunDirError:
+        """The one line for a save that failed (rank 0 first removes its half-written directory): the step, the
+        file system (full, or the error), the checkpoint ``latest`` still names, and the fix."""
+        where = describe_file_system(self.root)  # before the cleanup frees space: shows what the save met
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        cause = _os_error(error)
+        if cause is not None and cause.errno in FULL_ERRNOS:
+            what = f"the file system is full ({cause.strerror}): {where}"
+        else:
+            what = f"the write failed ({_one_line(cause or error)}) on {where}"
+        latest = find_latest(self.root)
+        kept = f"latest still names {latest.name}" if latest is not None else "no earlier checkpoint exists"
+        return RunDirError(f"checkpoint step {step} was not saved in {self.root}: {what}; {kept}; free space there "
+                           "or move the run to a larger file system (--run-dir or storage.root), then run the same "
+                           "command again to resume")
 
     def _group(self) -> Any:
         """The process group of async saves' background collectives: the one given, else a gloo group of
@@ -351,9 +450,62 @@ class CheckpointManager:
         """Whether the checkpoint was written by ranks laid out as this run's (then its RNG streams apply)."""
         return meta.world_size == self.world_size and meta.layout == self.layout
 
+    def load_latest(self, state: dict[str, Any]) -> LoadedCheckpoint | None:
+        """Load the newest checkpoint that loads (:meth:`load`; order: :func:`resume_candidates`) into ``state``;
+        None when there is none. A damaged one (:func:`damage`, or DCP cannot read it) is skipped, set aside and
+        named in one note; rank 0 then points ``latest`` at the one loaded. Every rank calls it together (the
+        checks read the same files, and DCP's load fails on every rank alike). Refusals of :meth:`load` (another
+        architecture, another format) are raised, not skipped; when every checkpoint is damaged, one line
+        names each."""
+        skipped: list[tuple[Path, str]] = []
+        for path in resume_candidates(self.root):
+            problem = damage(path)
+            if problem is None:
+                try:
+                    meta = self._load(path, state)
+                except _Unloadable as e:
+                    problem = f"DCP cannot load it: {e}"
+                else:
+                    return LoadedCheckpoint(path, meta, self._set_aside(skipped, path))
+            skipped.append((path, problem))
+        if not skipped:
+            return None
+        named = "; ".join(f"{p.name}: {why}" for p, why in skipped)
+        raise RunDirError(f"{self.root}: no checkpoint can be loaded ({named}); restore one from its backup "
+                          "(clustertrain storage restore URL RUN_DIR/checkpoints/step_N) or use --no-resume to "
+                          "archive them and start over")
+
+    def _set_aside(self, skipped: list[tuple[Path, str]], loaded: Path) -> list[str]:
+        """Rank 0: rename each skipped checkpoint to ``damaged-step_N`` and point ``latest`` at ``loaded``
+        (after the collective load, so every rank has done its checks). The notes, one per skipped one."""
+        notes = []
+        for path, why in skipped:
+            note = f"skipped checkpoint {path} ({why}): resuming from {loaded.name} instead"
+            if path.is_dir():
+                aside = self.root / f"{DAMAGED_PREFIX}{path.name}"
+                if aside.exists():
+                    aside = self.root / f"{DAMAGED_PREFIX}{path.name}-{time.time_ns()}"
+                note += f"; set aside as {aside.name}"
+                if self.rank == 0:
+                    os.replace(path, aside)
+            notes.append(note)
+        if self.rank == 0 and skipped:
+            fsync_dir(self.root)
+            write_atomic(self.root / "latest", loaded.name + "\n")
+        return notes
+
     def load(self, path: Path, state: dict[str, Any]) -> CheckpointMeta:
         """Load the checkpoint ``path`` into ``state`` in place, resharding to this run's layout. The
         ``rng`` entry is loaded only at :meth:`same_layout`, else left out (those streams restart)."""
+        try:
+            return self._load(path, state)
+        except _Unloadable as e:
+            raise RunDirError(f"{path}: cannot be loaded into this model ({e}); resume with the "
+                              "architecture that wrote it, or use --no-resume to archive it or another "
+                              "--run-dir") from None
+
+    def _load(self, path: Path, state: dict[str, Any]) -> CheckpointMeta:
+        """:meth:`load`, raising :class:`_Unloadable` when DCP cannot read the checkpoint into ``state``."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.api import CheckpointException
 
@@ -367,11 +519,62 @@ class CheckpointManager:
             state = {k: v for k, v in state.items() if k != "rng"}
         try:
             dcp.load(state, checkpoint_id=str(path), no_dist=not _distributed())
-        except (CheckpointException, RuntimeError, ValueError, KeyError) as e:
-            raise RunDirError(f"{path}: cannot be loaded into this model ({_one_line(e)}); resume with the "
-                              "architecture that wrote it, or use --no-resume to archive it or another "
-                              "--run-dir") from None
+        except (CheckpointException, RuntimeError, ValueError, KeyError, EOFError, OSError) as e:
+            raise _Unloadable(_one_line(e)) from None
         return meta
+
+
+def _save_errors() -> tuple[type[BaseException], ...]:
+    """What a failed DCP write raises: its CheckpointException is a BaseException (gathered rank failures)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return (Exception, CheckpointException)
+
+
+class _Unloadable(Exception):
+    """DCP could not read a checkpoint into the state (damaged files, or another shape); the message is one line."""
+
+
+def describe_file_system(path: Path) -> str:
+    """``"<type> mounted at <mount point>, <free> free of <total>"`` for the file system holding ``path``
+    (its mount from ``/proc/self/mounts``: the longest mount point above it, the last mounted on top)."""
+    real = os.path.realpath(path)
+    mount, kind = "/", "unknown"
+    try:
+        with open("/proc/self/mounts", encoding="utf-8") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1])  # \040 is a space
+                inside = real == point or real.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= len(mount):
+                    mount, kind = point, fields[2]
+    except OSError:
+        pass
+    st = os.statvfs(path)
+    return (f"{kind} mounted at {mount}, {_size(st.f_bavail * st.f_frsize)} free of "
+            f"{_size(st.f_blocks * st.f_frsize)}")
+
+
+def _size(n: int) -> str:
+    """Bytes for a person: ``812 B``, ``3.4 MiB``, ``1.2 TiB``."""
+    if n < 1024:
+        return f"{n} B"
+    power = min(4, (n.bit_length() - 1) // 10)
+    return f"{n / 1024 ** power:.1f} {('KiB', 'MiB', 'GiB', 'TiB')[power - 1]}"
+
+
+def _os_error(e: BaseException | None, depth: int = 0) -> OSError | None:
+    """The first :class:`OSError` behind ``e``: itself, a DCP rank failure (``failures``), a cause or context
+    (torch.save turns a failed write into a RuntimeError whose context is the OSError)."""
+    if e is None or depth > 8:
+        return None
+    if isinstance(e, OSError) and e.errno is not None:
+        return e
+    failures = getattr(e, "failures", None) or {}
+    inner = [failures[r][0] for r in sorted(failures)] + [e.__cause__, e.__context__]
+    return next((found for x in inner if (found := _os_error(x, depth + 1)) is not None), None)
 
 
 def _one_line(e: BaseException) -> str:

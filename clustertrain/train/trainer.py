@@ -156,22 +156,23 @@ class Trainer:
         problem = check_vocab(self.entry, self.tokenizer_vocab)
         if problem:
             raise ConfigError(problem)
-        return GPTSamples(run.dataset, self.entry.model.seq_len, self.cfg.seed, split=self.entry.data.split)
+        return GPTSamples(run.dataset, self.entry.model.seq_len, self.cfg.seed, split=self.entry.data.split,
+                          vocab_size=self.tokenizer_vocab)
 
     def _resume(self) -> None:
         """Continue from the latest complete checkpoint, if there is one, in whatever layout it was written
         (DCP reshards): parameters, optimizer moments, step and data position exactly; the per-rank RNG
         streams only when the layout is unchanged (otherwise they restart from the seed and the step)."""
         check_ownership(self.paths.checkpoints, self.ckpt.fingerprint, self.project.name, self.entry.name)
-        latest = find_latest(self.paths.checkpoints)
-        if latest is None:
+        loaded = self.ckpt.load_latest(app_state(self.model, self.optimizer, self.train_state))
+        if loaded is None:
             return
-        same_layout = read_meta(latest).layout == self.layout.to_dict()
-        self.ckpt.load(latest, app_state(self.model, self.optimizer, self.train_state, rng=same_layout))
-        if not same_layout:
+        for note in loaded.notes:  # a damaged newer checkpoint was skipped: say so
+            log(self.env.rank, note)
+        if not self.ckpt.same_layout(loaded.meta):
             torch.manual_seed(self.cfg.seed + 1 + self.dp_rank + 1_000_003 * self.step)
             log(self.env.rank, f"checkpoint layout differs from {self.layout.describe()}: resharded; RNG streams restart")
-        log(self.env.rank, f"resumed from {latest} (step {self.step})")
+        log(self.env.rank, f"resumed from {loaded.path} (step {self.step})")
 
     # ------------------------------------------------------------------
     def _batch(self, micro: int) -> tuple[torch.Tensor, torch.Tensor]:

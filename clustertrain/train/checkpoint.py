@@ -387,11 +387,14 @@ class CheckpointManager:
         """The one line for a save that failed (rank 0 first removes its half-written directory): the step, the
         file system (full, or the error), the checkpoint ``latest`` still names, and the fix."""
         where = describe_file_system(self.root)  # before the cleanup frees space: shows what the save met
+        no_space = os.statvfs(self.root).f_bavail == 0  # torch's zip writer reports ENOSPC as "unexpected pos ..."
         if self.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
         cause = _os_error(error)
         if cause is not None and cause.errno in FULL_ERRNOS:
             what = f"the file system is full ({cause.strerror}): {where}"
+        elif no_space:
+            what = f"the file system is full (No space left on device): {where}"
         else:
             what = f"the write failed ({_one_line(cause or error)}) on {where}"
         latest = find_latest(self.root)

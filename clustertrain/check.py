@@ -11,6 +11,8 @@ layout             every path a job reads or writes is on a shared file system o
 cluster            ParallelCluster schema, pcluster's own offline validators and our rules on
                    the generated config; project-level ``aws:`` checks (:mod:`clustertrain.cloud.preflight`)
 plan               each model is feasible with its ``parallelism`` layout (:mod:`clustertrain.plan.preflight`)
+framework          what Megatron-LM would reject for a ``framework: megatron`` model: GPUs, batch vs dp,
+                   tokenizer, extra arguments, the image's Megatron-LM (:mod:`clustertrain.megatron.rules`)
 data               data source present or publishable, tokenizer loadable, ``model.vocab`` matches it
                    (:mod:`clustertrain.data.preflight`)
 image              the training image's pins load and work together by the compatibility table
@@ -141,10 +143,11 @@ def _sections() -> list[tuple[str, Callable[["Project"], list[Finding]]]]:
     from clustertrain.data.preflight import data_findings
     from clustertrain.image.preflight import image_findings
     from clustertrain.launch.preflight import launch_findings
+    from clustertrain.megatron.rules import framework_findings
     from clustertrain.plan.preflight import plan_findings
 
     return [("layout", layout_findings), ("cluster", cloud_findings), ("plan", plan_findings),
-            ("data", data_findings), ("image", image_findings), ("launch", launch_findings), ("secrets", secret_findings)]
+            ("framework", framework_findings), ("data", data_findings), ("image", image_findings), ("launch", launch_findings), ("secrets", secret_findings)]
 
 
 def run_check(project: "Project", only: list[str] | None = None) -> CheckReport:

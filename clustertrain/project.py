@@ -13,6 +13,7 @@ section                    model (module)
 ``models[].parallelism``   ``ParallelismConfig`` (:mod:`clustertrain.train.config`)
 ``models[].data``          ``DataConfig`` (:mod:`clustertrain.data.config`)
 ``models[].plan``, ``plan``  ``ModelPlanConfig``, ``PlanConfig`` (:mod:`clustertrain.plan.config`)
+``models[].megatron``      ``MegatronConfig`` (:mod:`clustertrain.megatron.config`)
 ``launch``                 ``LaunchConfig`` (:mod:`clustertrain.launch.config`)
 ``aws``                    ``AwsConfig`` (:mod:`clustertrain.cloud.config`)
 ``image``                  ``ImageConfig`` (:mod:`clustertrain.image.config`)
@@ -47,12 +48,13 @@ from clustertrain.data.config import DataConfig
 from clustertrain.errors import ConfigError
 from clustertrain.image.config import ImageConfig
 from clustertrain.launch.config import LaunchConfig
+from clustertrain.megatron.config import MegatronConfig
 from clustertrain.monitor.config import MonitorConfig
 from clustertrain.plan.config import ModelPlanConfig, PlanConfig
 from clustertrain.schema import (
     StrictModel, format_validation_error, leading_loc, read_yaml, require_mapping, validate_model,
 )
-from clustertrain.train.config import ArchConfig, ParallelismConfig, TrainingConfig
+from clustertrain.train.config import ArchConfig, ParallelismConfig, TrainingConfig, builtin_problems
 from clustertrain.train.layout import node_problems, structure_problems, world_problems
 
 #: prefixes below aws.buckets.checkpoints / aws.buckets.data that runs write by default
@@ -200,6 +202,31 @@ class ModelEntry(StrictModel):
     training: TrainingConfig = Field(..., description="Optimisation and schedule.")
     parallelism: ParallelismConfig = Field(default_factory=ParallelismConfig, description="How ranks split the work.")
     plan: ModelPlanConfig = Field(default_factory=ModelPlanConfig, description="Planning inputs for this model (clustertrain plan).")
+    framework: Literal["clustertrain", "megatron"] = Field(
+        "clustertrain", description="What trains the model: `clustertrain` (the built-in PyTorch trainer, CPU or GPU) or "
+        "`megatron` (Megatron-LM's `pretrain_gpt.py` in the image, GPUs only; docs/megatron.md).",
+    )
+    megatron: MegatronConfig | None = Field(
+        None, description="Megatron-LM options (`framework: megatron` only; defaults when omitted).")
+
+    @property
+    def megatron_options(self) -> MegatronConfig:
+        """``megatron``, or its defaults when the section is omitted."""
+        return self.megatron if self.megatron is not None else MegatronConfig()
+
+    def structure_problems(self) -> list[tuple[str, str]]:
+        """(field, problem) for what this model's framework cannot run, whatever the cluster."""
+        out = structure_problems(self.model, self.parallelism)
+        if self.framework == "megatron":
+            from clustertrain.megatron.rules import structure_problems as megatron_structure
+
+            return out + megatron_structure(self)
+        if self.megatron is not None:
+            out.append(("megatron", "a megatron: section needs framework: megatron; set it, or remove the section"))
+        if self.data.blend:
+            out.append(("data.blend", "the built-in trainer reads one dataset; use data.source, or framework: megatron "
+                                      "(Megatron-LM mixes a blend by weight)"))
+        return out + builtin_problems(self.parallelism)
 
     @field_validator("name")
     @classmethod
@@ -255,7 +282,7 @@ class Project(StrictModel):
             if m.name in seen:
                 raise ValueError(f"models[{i}].name {m.name!r} is used twice; model names must be unique")
             seen.add(m.name)
-            for field, problem in structure_problems(m.model, m.parallelism):
+            for field, problem in m.structure_problems()[:1]:
                 raise ValueError(f"models[{i}].{field}: {problem}")
             p = m.parallelism
             if self.plan.cluster_nodes is not None:  # models share the cluster: the planner allocates and reports
@@ -349,9 +376,10 @@ def load_project(path: str | Path, overrides: list[str] | None = None) -> Projec
             if value is not None and not value.is_absolute():
                 setattr(project.image, key, (base / value).resolve())
     for m in project.models:
-        src = m.data.source
-        if not src.startswith(("builtin:", "s3://")) and not Path(src).is_absolute():
-            m.data.source = str(base / src)
+        for holder in [m.data, *m.data.blend]:
+            src = holder.source
+            if not src.startswith(("builtin:", "s3://")) and not Path(src).is_absolute():
+                holder.source = str(base / src)
         if m.data.tokenizer != "byte" and not Path(m.data.tokenizer.removeprefix("hf:")).is_absolute():
             m.data.tokenizer = str(base / m.data.tokenizer.removeprefix("hf:"))
     return project

@@ -7,9 +7,15 @@ importing this module imports no numpy or tokenizers.
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from clustertrain.schema import StrictModel
+
+
+class BlendSource(StrictModel):
+    source: str = Field(..., description="A data source, as `data.source` (raw files, a prepared prefix or `s3://`).")
+    weight: float = Field(..., gt=0, description="Relative share of the training samples (Megatron's blend weight; "
+                          "the weights need not add up to 1).")
 
 
 class DataConfig(StrictModel):
@@ -24,3 +30,19 @@ class DataConfig(StrictModel):
     json_key: str = Field("text", description="Key holding the text in JSONL inputs.")
     split: str = Field("100,0,0", description="train,valid,test ratio over documents (Megatron's --split); training reads the train part.")
     workers: int = Field(2, ge=1, description="Worker processes that tokenize raw inputs.")
+    blend: list[BlendSource] = Field(
+        default_factory=list, description="Several sources mixed by weight instead of one `source` (Megatron's "
+        "`--data-path W1 P1 W2 P2 ...`; `framework: megatron` only). Each is prepared like `source`, with the same tokenizer.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> "DataConfig":
+        if self.blend and "source" in self.model_fields_set:
+            raise ValueError("give data.source or data.blend, not both (a blend lists its sources)")
+        return self
+
+    def sources(self) -> list[tuple[float, "DataConfig"]]:
+        """(weight, one-source data section) for each source of the blend, or ``[(1.0, self)]`` without one."""
+        if not self.blend:
+            return [(1.0, self)]
+        return [(b.weight, self.model_copy(update={"source": b.source, "blend": []})) for b in self.blend]

@@ -58,13 +58,45 @@ def stage_dataset(cfg: DataConfig, datasets_root: Path, console=None, store_opti
     else:
         inputs = resolve_inputs(cfg.source)
         stem = Path(inputs[0]).name.split(".")[0] or "data"
-    key = hashlib.sha256(json.dumps(
-        {"inputs": [str(Path(p).resolve()) for p in inputs], "tokenizer": tokenizer.identity, "json_key": cfg.json_key},
-        sort_keys=True).encode()).hexdigest()[:12]
-    prefix = Path(datasets_root) / f"{stem}-{key}" / stem
+    prefix = Path(datasets_root) / f"{stem}-{_inputs_key(inputs, tokenizer, cfg)}" / stem
     prefix.parent.mkdir(parents=True, exist_ok=True)
     prepare_dataset(inputs, prefix, tokenizer, json_key=cfg.json_key, workers=cfg.workers, console=console)
     return prefix
+
+
+def stage_sources(cfg: DataConfig, datasets_root: Path, console=None, store_options=None) -> list[tuple[float, Path]]:
+    """(weight, prefix) of every source of ``cfg`` (:meth:`DataConfig.sources`: a blend, or ``source`` alone), each
+    staged by :func:`stage_dataset`."""
+    return [(weight, stage_dataset(one, datasets_root, console=console, store_options=store_options))
+            for weight, one in cfg.sources()]
+
+
+def expected_prefix(cfg: DataConfig, datasets_root: Path) -> Path:
+    """Where :func:`stage_dataset` will put (or finds) the prefix of ``cfg``, without preparing or fetching
+    anything (``submit --dry-run``). A published dataset's file name is known only once fetched: its directory
+    name stands in for it (``s3://b/datasets/web-32k/`` -> ``.../remote-<hash>/web-32k``)."""
+    if cfg.source.startswith("s3://"):
+        local = published_copy_dir(cfg.source, Path(datasets_root))
+        found = sorted(local.glob("*.idx"))
+        if len(found) == 1:
+            return found[0].with_suffix("")
+        return local / (cfg.source.rstrip("/").rsplit("/", 1)[-1] or "data")
+    if is_prepared_prefix(cfg.source):
+        return Path(cfg.source)
+    tokenizer = load_tokenizer(cfg.tokenizer)
+    if cfg.source.startswith("builtin:"):
+        inputs = [builtin_corpus(cfg.source)]
+        stem = cfg.source.removeprefix("builtin:")
+    else:
+        inputs = resolve_inputs(cfg.source)
+        stem = Path(inputs[0]).name.split(".")[0] or "data"
+    return Path(datasets_root) / f"{stem}-{_inputs_key(inputs, tokenizer, cfg)}" / stem
+
+
+def _inputs_key(inputs, tokenizer, cfg: DataConfig) -> str:
+    return hashlib.sha256(json.dumps(
+        {"inputs": [str(Path(p).resolve()) for p in inputs], "tokenizer": tokenizer.identity, "json_key": cfg.json_key},
+        sort_keys=True).encode()).hexdigest()[:12]
 
 
 def dataset_tokens(prefix: Path) -> int:

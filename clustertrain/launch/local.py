@@ -37,6 +37,17 @@ PEER_FAILED_RE = re.compile(r"remote worker crash|Connection closed by peer|Conn
 
 
 def rank_command(spec: RunSpec) -> list[str]:
+    """Every rank's command: the built-in trainer's entry point, or Megatron-LM's ``pretrain_gpt.py`` with the
+    project's arguments (:mod:`clustertrain.megatron.args`; the torchrun-style variables it reads are the ones
+    :func:`start_local_ranks` sets)."""
+    if spec.entry.framework == "megatron":
+        from clustertrain.layout import storage_layout
+        from clustertrain.megatron.args import MegatronContext, megatron_args
+
+        ctx = MegatronContext(spec.project, spec.entry, spec.project.cluster.ranks_per_node, spec.paths.root, spec.data,
+                              storage_layout(spec.project).tensorboard_dir(spec.entry.name) or spec.paths.tensorboard)
+        script = f"{spec.entry.megatron_options.path.rstrip('/')}/pretrain_gpt.py"
+        return [sys.executable, script, *megatron_args(ctx)]
     return [sys.executable, "-m", "clustertrain", "train", "--run-dir", str(spec.paths.root), "--model", spec.entry.name]
 
 
@@ -68,11 +79,19 @@ class LocalLauncher:
         cluster = spec.project.cluster
         clear_heartbeats(spec.paths)  # every heartbeat the watchdog reads is this start's
         now = time.time()
+        extra = {"CLUSTERTRAIN_ALLOCATED_AT": f"{now:.3f}"}
+        megatron = spec.entry.framework == "megatron"
+        if megatron:
+            from clustertrain.megatron.args import rank_environment
+
+            extra.update(rank_environment(spec.entry))
         started = start_local_ranks(rank_command(spec), cluster.ranks_per_node, spec.paths.rank_log,
-                                    port=cluster.master_port, extra_env={"CLUSTERTRAIN_ALLOCATED_AT": f"{now:.3f}"})
+                                    port=cluster.master_port, extra_env=extra)
         procs = [started[r] for r in sorted(started)]
         job_id = f"local-{procs[0].pid}"
-        watchdog = Watchdog(spec.paths, spec.project.monitor, len(procs), job=job_id, model=spec.entry.name)
+        # Megatron-LM's ranks write no heartbeats: no hang watchdog for them
+        watchdog = None if megatron else Watchdog(spec.paths, spec.project.monitor, len(procs), job=job_id,
+                                                  model=spec.entry.name)
         self.jobs[job_id] = LocalJob(spec, procs, now, watchdog=watchdog)
         return job_id
 

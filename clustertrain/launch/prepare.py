@@ -15,7 +15,7 @@ from pathlib import Path
 from clustertrain.data import load_tokenizer
 from clustertrain.data.sample_index import GPTSamples
 from clustertrain.data.vocab import check_vocab
-from clustertrain.data.staging import dataset_tokens, stage_dataset
+from clustertrain.data.staging import dataset_tokens, stage_sources
 from clustertrain.errors import ConfigError, DataError
 from clustertrain.layout import storage_layout
 from clustertrain.project import ModelEntry, Project, architecture_fingerprint, dump_project
@@ -35,6 +35,12 @@ class RunSpec:
     paths: RunPaths
     dataset: Path
     resume: bool
+    #: (weight, prefix) of every source: ``data.blend``'s, or ``((1.0, dataset),)``
+    sources: tuple[tuple[float, Path], ...] = ()
+
+    @property
+    def data(self) -> tuple[tuple[float, Path], ...]:
+        return self.sources or ((1.0, self.dataset),)
 
 
 def default_run_dir(project: Project, entry: ModelEntry) -> Path:
@@ -57,15 +63,18 @@ def prepare_run(project: Project, entry: ModelEntry, run_dir: Path, resume: bool
     previous = read_run_info(paths)
     if resume:
         check_ownership(paths.checkpoints, fingerprint, project.name, entry.name)
-    dataset = stage_dataset(entry.data, storage_layout(project).datasets, console=console, store_options=store_options(project))
+    sources = stage_sources(entry.data, storage_layout(project).datasets, console=console, store_options=store_options(project))
     need = entry.model.seq_len + 1
-    have = dataset_tokens(dataset)
-    if have < need:
-        raise DataError(
-            f"models.{entry.name}.model.seq_len={entry.model.seq_len} needs {need} tokens per sample but "
-            f"{entry.data.source} gives only {have}; lower seq_len or add data"
-        )
-    GPTSamples(dataset, entry.model.seq_len, entry.training.seed, split=entry.data.split)  # build the cached index once
+    for (_, dataset), (_, one) in zip(sources, entry.data.sources()):
+        have = dataset_tokens(dataset)
+        if have < need:
+            raise DataError(
+                f"models.{entry.name}.model.seq_len={entry.model.seq_len} needs {need} tokens per sample but "
+                f"{one.source} gives only {have}; lower seq_len or add data"
+            )
+    dataset = sources[0][1]
+    if entry.framework == "clustertrain":  # Megatron-LM builds its own sample index (rank 0, first start)
+        GPTSamples(dataset, entry.model.seq_len, entry.training.seed, split=entry.data.split)  # build the cached index once
     paths.root.mkdir(parents=True, exist_ok=True)
     if not resume:
         archive_previous(paths)
@@ -76,7 +85,7 @@ def prepare_run(project: Project, entry: ModelEntry, run_dir: Path, resume: bool
                                          dataset=str(dataset), created=created))
     paths.status.unlink(missing_ok=True)  # the run to come writes its own (and COMPLETED when it gets there)
     mark_started(paths)
-    return RunSpec(project, entry, paths, dataset, resume)
+    return RunSpec(project, entry, paths, dataset, resume, tuple(sources))
 
 
 def store_options(project: Project):

@@ -37,6 +37,7 @@ def run_project(project: Project, model: str | None, run_dir: Path | None, resum
             "or --set cluster.backend=local to rehearse here"
         )
     entries = [project.model(model)] if model else list(project.models)
+    check_megatron_here(project, [e.name for e in entries])
     several = len(entries) > 1
     outcomes = []
     for entry in entries:
@@ -47,6 +48,11 @@ def run_project(project: Project, model: str | None, run_dir: Path | None, resum
         result = follow_local(launcher, job, spec, console)
         if result.state == State.FAILED:  # the run's final state, written by the job's own launcher
             record_failure(spec.paths, result.message)
+        if entry.framework == "megatron" and result.state == State.COMPLETED:
+            from clustertrain.megatron.backup import latest_iteration
+
+            if latest_iteration(spec.paths.checkpoints) == entry.training.max_steps:
+                spec.paths.completed.touch()  # Megatron wrote no status: its checkpoint layout says it finished
         status = read_status(spec.paths)
         outcome = RunOutcome(entry.name, spec.paths.root, State(result.state), result.exit_code, result.message,
                              status.step if status else None, status.checkpoint if status else None,
@@ -55,3 +61,35 @@ def run_project(project: Project, model: str | None, run_dir: Path | None, resum
         if outcome.state != State.COMPLETED:
             break
     return outcomes
+
+
+def local_gpus() -> int:
+    """CUDA GPUs on this machine, as ``nvidia-smi -L`` lists them (0 without a driver)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def check_megatron_here(project: Project, models: list[str]) -> None:
+    """A Megatron-LM model runs on this machine's GPUs or not at all: never silently on the built-in trainer."""
+    chosen = [e for e in project.models if e.name in models and e.framework == "megatron"]
+    if not chosen:
+        return
+    from clustertrain.megatron.rules import megatron_findings
+
+    errors = [f for f in megatron_findings(project, models, {e.name: 1 for e in chosen}) if f.level == "error"]
+    if errors:
+        raise LaunchError(str(errors[0]).removeprefix("error: "))
+    have = local_gpus()
+    want = project.cluster.ranks_per_node
+    if have < want:
+        raise LaunchError(f"models.{chosen[0].name}.framework: megatron needs {want} CUDA GPU(s) here (cluster.gpus_per_node) "
+                          f"but this machine has {have} (nvidia-smi); run it on a GPU machine or submit it to a GPU "
+                          "cluster, or set framework: clustertrain to train it with the built-in trainer")

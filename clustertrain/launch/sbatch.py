@@ -86,6 +86,14 @@ class SbatchRequest:
     watchdog: bool = True
     #: the project's suspect list, where the watchdog blames nodes (None: blame nobody)
     suspects: Path | None = None
+    #: ``clustertrain`` (the built-in trainer) or ``megatron`` (Megatron-LM's pretrain_gpt.py; rank_command holds it)
+    framework: str = "clustertrain"
+    #: megatron: the iterations of a complete run and Megatron's checkpoint directory (``--save``), where
+    #: ``latest_checkpointed_iteration.txt`` tells a finished run from one Megatron ended early to be resumed
+    train_iters: int = 0
+    checkpoints: Path | None = None
+    #: megatron: the one-task step that backs up the final checkpoint (empty: no checkpoint bucket)
+    backup_command: tuple[str, ...] = ()
 
     @property
     def output(self) -> str:
@@ -156,10 +164,13 @@ def interpreter(project: Project, launch: LaunchConfig | None = None) -> str:
 
 def build_request(project: Project, entry: ModelEntry, run_dir: Path, *, launch: LaunchConfig | None = None,
                   job_name: str | None = None, python: str | None = None, nodes: int | None = None,
-                  submit_command: str | None = None, exclude: tuple[str, ...] = ()) -> SbatchRequest:
+                  submit_command: str | None = None, exclude: tuple[str, ...] = (),
+                  data: tuple[tuple[float, Path], ...] | None = None) -> SbatchRequest:
     """The batch request for one model. ``python`` defaults to :func:`interpreter`; ``nodes`` to the model's
     node count (:func:`clustertrain.plan.nodes.nodes_for`: its pinned count, the plan's allocation, or
-    ``cluster.nodes``); ``exclude``: nodes the job must not use (the project's suspects)."""
+    ``cluster.nodes``); ``exclude``: nodes the job must not use (the project's suspects); ``data``: the staged
+    (weight, prefix) sources a Megatron model reads (default: where staging will put them,
+    :func:`clustertrain.data.staging.expected_prefix`)."""
     launch = launch or launch_config_of(project)
     cluster = project.cluster
     run_dir = Path(run_dir).absolute()
@@ -197,8 +208,44 @@ def build_request(project: Project, entry: ModelEntry, run_dir: Path, *, launch:
         submit_command=submit_command or f"clustertrain submit PROJECT --model {entry.name}",
         exclude=tuple(exclude), suspects=storage_layout(project).suspects_file().absolute(),
     )
+    if entry.framework == "megatron":
+        request = megatron_request(project, entry, request, data)
     check_request(request)
     return request
+
+
+def megatron_request(project: Project, entry: ModelEntry, request: SbatchRequest,
+                     data: tuple[tuple[float, Path], ...] | None) -> SbatchRequest:
+    """``request`` with Megatron-LM's ``pretrain_gpt.py`` as every rank's command (:mod:`clustertrain.megatron.args`),
+    its rank variables and environment, no heartbeat watchdog (Megatron's ranks write no heartbeats), and the
+    final checkpoint's backup step."""
+    from dataclasses import replace
+
+    from clustertrain.data.staging import expected_prefix
+    from clustertrain.megatron.args import MegatronContext, megatron_args, rank_command, rank_environment
+    from clustertrain.train.backup import checkpoint_backup_url
+
+    if data is None:
+        root = storage_layout(project).datasets
+        data = tuple((w, expected_prefix(one, root)) for w, one in entry.data.sources())
+    world = request.nodes * request.ntasks_per_node
+    ctx = MegatronContext(project, entry, world, request.run_dir, tuple(data),
+                          storage_layout(project).tensorboard_dir(entry.name) or RunPaths(request.run_dir).tensorboard)
+    env = replace(request.env, set={**request.env.set, **rank_environment(entry)})
+    extra = [name for name in env.set if name not in request.container_env]
+    backup: tuple[str, ...] = ()
+    checkpoints = ctx.checkpoints
+    url = checkpoint_backup_url(project, entry, checkpoints)
+    if url:
+        base = url.rsplit("/", 1)[0]  # <bucket>/<project>/<model>; the step picks iter_<N> itself
+        storage = project.storage
+        backup = (request.python, "-m", "clustertrain.megatron.backup", str(checkpoints), base,
+                  *(["--endpoint-url", storage.endpoint_url] if storage.endpoint_url else []),
+                  *(["--region", storage.region] if storage.region else []))
+    return replace(request, framework="megatron", env=env, watchdog=False,
+                   container_env=(*request.container_env, *extra) if request.container_image else (),
+                   rank_command=tuple(rank_command(request.python, entry, megatron_args(ctx))),
+                   train_iters=entry.training.max_steps, checkpoints=checkpoints, backup_command=backup)
 
 
 def check_request(request: SbatchRequest) -> None:
@@ -238,7 +285,14 @@ def render_script(request: SbatchRequest) -> str:
     """The batch script text of ``request``."""
     check_request(request)
     wd_srun, wd_command = watchdog_command(request)
-    return render_template(TEMPLATE, r=request, srun=srun_command(request), wd_srun=wd_srun, wd_command=wd_command)
+    return render_template(TEMPLATE, r=request, srun=srun_command(request), wd_srun=wd_srun, wd_command=wd_command,
+                           step_srun=step_srun(request))
+
+
+def step_srun(request: SbatchRequest) -> list[str]:
+    """A one-task step on the batch node after the ranks' step (the Megatron checkpoint backup), in the ranks'
+    container; the template adds ``--nodelist="$SLURMD_NODENAME"``."""
+    return ["srun", "--nodes=1", "--ntasks=1", "--ntasks-per-node=1", *_container_args(request)]
 
 
 def _container_args(request: SbatchRequest) -> list[str]:

@@ -144,6 +144,7 @@ class SlurmLauncher:
     def request_for(self, project: Project, spec: "RunSpec", job_name: str | None = None,
                     nodes: int | None = None, exclude: tuple[str, ...] = ()) -> SbatchRequest:
         return build_request(project, spec.entry, spec.paths.root, launch=self.launch, job_name=job_name, nodes=nodes,
+                             data=spec.data,
                              submit_command=self.submit_command, exclude=exclude)
 
     def submit_request(self, paths: RunPaths, request: SbatchRequest, text: str | None = None) -> str:
@@ -274,6 +275,7 @@ def check_submittable(project: Project, models: list[str], launch: LaunchConfig 
     time limit vs the stop signal...) — :func:`clustertrain.plan.preflight.submit_blockers`,
     :func:`clustertrain.launch.preflight.launch_findings`."""
     from clustertrain.launch.preflight import launch_findings
+    from clustertrain.megatron.rules import megatron_findings
     from clustertrain.plan.nodes import nodes_for
     from clustertrain.plan.plan import make_plan
     from clustertrain.plan.preflight import submit_blockers
@@ -281,6 +283,7 @@ def check_submittable(project: Project, models: list[str], launch: LaunchConfig 
     plan = make_plan(project)
     errors = submit_blockers(project, models, plan)
     errors += [f for f in launch_findings(project, plan=plan, launch=launch, models=models) if f.level == "error"]
+    errors += [f for f in megatron_findings(project, models, nodes_for(project, plan)) if f.level == "error"]
     if errors:
         lines = [f"{f.path}: {f.message}; fix: {f.fix}" for f in errors]
         raise LaunchError(f"submit refused ({len(errors)} problem{'s' if len(errors) > 1 else ''}):\n  " + "\n  ".join(lines))

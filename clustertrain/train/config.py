@@ -112,20 +112,35 @@ ZERO_STAGES = {
     0: "replicate: DDP (every rank holds the whole model and its AdamW states)",
     3: "FSDP2 full shard: parameters, gradients and AdamW states sharded over the data-parallel ranks",
 }
+#: what ``zero_stage`` means for a Megatron-LM model (``models[].framework: megatron``)
+MEGATRON_ZERO_STAGES = {
+    0: "DDP: every data-parallel rank keeps fp32 main weights, gradients and Adam states",
+    1: "Megatron's distributed optimizer (--use-distributed-optimizer): fp32 main weights and Adam states sharded over dp",
+    2: "as 1 (the distributed optimizer also reduce-scatters gradients)",
+    3: "as 1: Megatron-LM shards no parameters with its distributed optimizer (its FSDP paths are not offered)",
+}
 
 
 class ParallelismConfig(StrictModel):
     """How one model's ranks split the work — read by the planner and the trainer alike
-    (:mod:`clustertrain.train.layout` resolves it against a world size)."""
+    (:mod:`clustertrain.train.layout` resolves it against a world size). What only one framework can do is
+    checked by :func:`builtin_problems` (the built-in trainer) or :mod:`clustertrain.megatron.rules`."""
 
     dp: int | Literal["auto"] = Field("auto", description="Data-parallel degree; `auto` = world size / (tp x pp).")
     tp: int = Field(1, ge=1, description="Tensor-parallel degree (DTensor: q/k/v and MLP column-wise, outputs row-wise, "
                     "vocabulary-sharded embedding and output layer). Divides heads, ffn width and the vocabulary; at most the GPUs of a node.")
-    pp: int = Field(1, ge=1, description="Pipeline-parallel degree (only 1 is implemented yet).")
+    pp: int = Field(1, ge=1, description="Pipeline-parallel degree: the layers split into pp stages. `framework: megatron` "
+                    "only for now (Megatron-LM's 1F1B schedule); the built-in trainer takes 1.")
+    virtual_stages: int = Field(
+        1, ge=1, description="Virtual pipeline stages per pipeline rank (interleaved 1F1B, Megatron's "
+        "`--num-virtual-stages-per-pipeline-rank`); needs pp > 1 and the layers per stage divisible by it.",
+    )
     zero_stage: int = Field(
-        0, description="How the data-parallel dimension shards: `0` = replicate (DDP), `3` = FSDP2 full shard (parameters, "
-        "gradients and AdamW states split over dp). 1 and 2 are refused: FSDP2 has no honest equivalent (use 3 with "
-        "`reshard_after_forward: false` for ZeRO-2-like communication). tp > 1 needs 3.",
+        0, ge=0, le=3, description="How the data-parallel dimension shards. Built-in trainer: `0` = replicate (DDP), `3` = "
+        "FSDP2 full shard (parameters, gradients and AdamW states split over dp); 1 and 2 are refused (FSDP2 has no honest "
+        "equivalent: use 3 with `reshard_after_forward: false` for ZeRO-2-like communication); tp > 1 needs 3. "
+        "`framework: megatron`: `0` = DDP, `1`-`3` = Megatron's distributed optimizer (fp32 main weights and Adam "
+        "states sharded over dp; parameters are not).",
     )
     reshard_after_forward: bool = Field(
         True, description="FSDP2 (zero_stage 3): free each block's gathered parameters after its forward and gather them "
@@ -139,41 +154,46 @@ class ParallelismConfig(StrictModel):
         False, description="Megatron sequence parallelism (tp > 1): norms, dropout and the residual stream split along the sequence."
     )
     compile: bool = Field(False, description="torch.compile each transformer block (needs a working compiler: "
-                          "Triton on GPU, a C++ compiler on CPU).")
+                          "Triton on GPU, a C++ compiler on CPU). Built-in trainer only.")
     param_dtype: Literal["auto", "bf16", "fp32"] = Field(
         "auto", description="Compute dtype of the weights: `bf16` (FSDP2: bf16 gathered parameters over fp32 sharded master "
-        "weights; DDP: bf16 autocast over fp32 weights) or `fp32`. `auto`: bf16 on GPUs, fp32 on CPU workers.",
+        "weights; DDP: bf16 autocast over fp32 weights; Megatron: `--bf16`) or `fp32`. `auto`: bf16 on GPUs, fp32 on CPU workers.",
     )
     reduce_dtype: Literal["fp32", "bf16"] = Field(
-        "fp32", description="Dtype of the gradient reduction over dp (FSDP2 only; DDP reduces fp32 gradients)."
+        "fp32", description="Dtype of the gradient reduction over dp (FSDP2, or Megatron's `--grad-reduce-in-bf16`; "
+        "DDP reduces fp32 gradients)."
     )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _moved(cls, data: object) -> object:
-        if isinstance(data, dict) and data.get("zero_stage") in (1, 2):
-            raise ValueError(
-                f"zero_stage {data['zero_stage']} is not offered: FSDP2 shards parameters, gradients and optimizer states "
-                "together; use zero_stage: 3 (add reshard_after_forward: false for ZeRO-2-like traffic) or 0 (DDP)"
-            )
-        return data
 
     @model_validator(mode="after")
     def _check(self) -> "ParallelismConfig":
-        if self.pp != 1:
-            raise ValueError(f"pp={self.pp} is not implemented yet: pipeline parallelism is the next trainer issue; set parallelism.pp: 1")
-        if self.zero_stage not in ZERO_STAGES:
-            raise ValueError(f"zero_stage must be 0 (DDP) or 3 (FSDP2 full shard), got {self.zero_stage}")
         if self.dp != "auto" and self.dp < 1:
             raise ValueError("dp must be 'auto' or a positive integer")
-        if self.tp > 1 and self.zero_stage == 0:
-            raise ValueError(f"tp={self.tp} needs zero_stage: 3 (FSDP2 over the data-parallel ranks): DDP does not take "
-                             "tensor-parallel (DTensor) parameters")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("sequence_parallel needs tp > 1; set parallelism.tp or drop sequence_parallel")
-        if self.compile and self.recompute == "selective" and self.tp > 1:
-            raise ValueError("compile with recompute: selective and tp > 1 fails in torch 2.13 (a tensor-parallel DTensor saved "
-                             "by the attention checkpoint inside a compiled block); use recompute: full, or compile: false")
-        if self.reduce_dtype == "bf16" and self.zero_stage == 0:
-            raise ValueError("reduce_dtype bf16 needs zero_stage: 3 (DDP reduces fp32 gradients)")
+        if self.virtual_stages > 1 and self.pp == 1:
+            raise ValueError(f"virtual_stages={self.virtual_stages} needs pp > 1 (interleaved pipeline stages); "
+                             "set parallelism.pp or drop virtual_stages")
         return self
+
+
+def builtin_problems(par: ParallelismConfig) -> list[tuple[str, str]]:
+    """(field, problem) for a layout the built-in trainer cannot run (whatever the world size)."""
+    out: list[tuple[str, str]] = []
+    if par.pp != 1:
+        out.append(("parallelism.pp", f"pp={par.pp} is not implemented in the built-in trainer yet (pipeline parallelism "
+                                      "is the next trainer issue); set parallelism.pp: 1, or framework: megatron"))
+    if par.zero_stage in (1, 2):
+        out.append(("parallelism.zero_stage",
+                    f"zero_stage {par.zero_stage} is not offered by the built-in trainer: FSDP2 shards parameters, gradients "
+                    "and optimizer states together; use zero_stage: 3 (add reshard_after_forward: false for ZeRO-2-like "
+                    "traffic) or 0 (DDP), or framework: megatron (its distributed optimizer)"))
+    if par.tp > 1 and par.zero_stage == 0:
+        out.append(("parallelism.tp", f"tp={par.tp} needs zero_stage: 3 (FSDP2 over the data-parallel ranks): DDP does not "
+                                      "take tensor-parallel (DTensor) parameters"))
+    if par.compile and par.recompute == "selective" and par.tp > 1:
+        out.append(("parallelism.compile", "compile with recompute: selective and tp > 1 fails in torch 2.13 (a tensor-parallel "
+                                           "DTensor saved by the attention checkpoint inside a compiled block); use recompute: "
+                                           "full, or compile: false"))
+    if par.reduce_dtype == "bf16" and par.zero_stage == 0:
+        out.append(("parallelism.reduce_dtype", "reduce_dtype bf16 needs zero_stage: 3 (DDP reduces fp32 gradients)"))
+    return out

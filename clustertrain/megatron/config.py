@@ -1,0 +1,68 @@
+"""Project-file section owned by the Megatron-LM adapter: ``models[].megatron`` (:class:`MegatronConfig`).
+
+Only what Megatron-LM has and the built-in trainer does not lives here; the architecture, training and
+parallel layout of a Megatron model are the same ``models[].model`` / ``training`` / ``parallelism``
+sections as for the built-in trainer (:mod:`clustertrain.megatron.args` maps them to flags). Pure pydantic.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from clustertrain.schema import StrictModel
+
+#: the Megatron-LM release clustertrain renders for (flags, log format, checkpoint layout); the image clones it
+MEGATRON_TAG = "core_v0.16.1"
+MEGATRON_COMMIT = "55ac7082517c3878ae653c07c09c534b8aed49f6"
+MEGATRON_REPO = "https://github.com/NVIDIA/Megatron-LM.git"
+#: where the image puts the clone (``models[].megatron.path`` default)
+MEGATRON_PATH = "/opt/megatron-lm"
+
+FRAMEWORKS = ("clustertrain", "megatron")
+
+
+class MegatronConfig(StrictModel):
+    path: str = Field(
+        MEGATRON_PATH, description="Megatron-LM's directory on the nodes (inside the image): the ranks run "
+        "`<path>/pretrain_gpt.py` with `<path>` on PYTHONPATH. The image `clustertrain image build` writes clones "
+        f"tag {MEGATRON_TAG} there when a model uses `framework: megatron`.",
+    )
+    transformer_impl: Literal["transformer_engine", "local"] = Field(
+        "transformer_engine", description="`--transformer-impl`: `transformer_engine` (fused kernels, needs Transformer "
+        "Engine in the image) or `local` (plain PyTorch layers).",
+    )
+    overlap_grad_reduce: bool = Field(
+        True, description="`--overlap-grad-reduce`: reduce gradients bucket by bucket during backward (data-parallel > 1).")
+    overlap_param_gather: bool = Field(
+        True, description="`--overlap-param-gather`: gather the distributed optimizer's updated parameters during the next "
+        "forward (needs `overlap_grad_reduce` and `parallelism.zero_stage` >= 1).",
+    )
+    max_position_embeddings: int | None = Field(
+        None, ge=8, description="`--max-position-embeddings` (learned absolute positions, as the built-in GPT). Default: "
+        "`model.seq_len`; must not be below it.",
+    )
+    eval_interval: int = Field(1000, ge=1, description="`--eval-interval` in iterations (used when `data.split` has a "
+                               "validation part; otherwise evaluation is off: `--eval-iters 0`).")
+    eval_iters: int = Field(10, ge=0, description="`--eval-iters`: validation iterations per evaluation.")
+    log_straggler: bool = Field(False, description="`--log-straggler`: Megatron's straggler detector reports slow ranks.")
+    extra_args: list[str] = Field(
+        default_factory=list, description="More `pretrain_gpt.py` arguments, as a list of words (`[\"--use-flash-attn\"]`, "
+        "`[\"--attention-dropout\", \"0.0\"]`). Each option must be one Megatron-LM's parser accepts at "
+        f"{MEGATRON_TAG}, and not one clustertrain renders from the project (set that field instead).",
+    )
+
+    @field_validator("extra_args")
+    @classmethod
+    def _words(cls, v: list[str]) -> list[str]:
+        for word in v:
+            if any(c in word for c in "\n\r\0"):
+                raise ValueError(f"extra_args word {word!r} contains a newline or NUL; pass each argument as one list item")
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> "MegatronConfig":
+        if self.overlap_param_gather and not self.overlap_grad_reduce:
+            raise ValueError("overlap_param_gather needs overlap_grad_reduce (Megatron asserts it); set both or neither")
+        return self

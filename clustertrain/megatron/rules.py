@@ -1,0 +1,203 @@
+"""What Megatron-LM would reject, said before anything is submitted.
+
+Two levels, as for the built-in trainer:
+
+* :func:`structure_problems` — at load time (``Project`` validation), whatever the cluster: Megatron's
+  own divisibility rules on the architecture and layout (``validate_args`` in ``megatron/training/
+  arguments.py`` at :data:`~clustertrain.megatron.config.MEGATRON_TAG`), and what only the built-in
+  trainer offers (``compile``).
+* :func:`megatron_findings` — ``clustertrain check`` and ``submit`` (and ``run``), where the world size is
+  known: GPUs, global batch vs micro batch x dp, the tokenizer Megatron would load, the extra arguments.
+
+======================================================  =========================================
+rule (Megatron's assert or failure)                     field
+======================================================  =========================================
+heads, ffn width, vocabulary divisible by tp            ``parallelism.tp`` / ``model.vocab``
+layers divisible by pp                                  ``parallelism.pp``
+layers per stage divisible by virtual stages            ``parallelism.virtual_stages``
+virtual stages need more than 2 layers... (pp > 2)     ``parallelism.virtual_stages``
+seq_len <= max_position_embeddings                      ``megatron.max_position_embeddings``
+compile is the built-in trainer's                       ``parallelism.compile``
+no GPUs (Megatron-LM trains on CUDA only)              ``cluster.gpus_per_node``
+global_batch divisible by micro_batch x dp              ``training.global_batch``
+a Hugging Face tokenizer directory Megatron can load    ``data.tokenizer``
+(``AutoTokenizer.from_pretrained`` of the directory:
+``tokenizer.json`` and ``tokenizer_config.json``)
+every extra argument an option Megatron accepts, not    ``megatron.extra_args``
+one clustertrain renders
+======================================================  =========================================
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from clustertrain.findings import Finding
+
+if TYPE_CHECKING:
+    from clustertrain.project import ModelEntry, Project
+
+
+def structure_problems(entry: "ModelEntry") -> list[tuple[str, str]]:
+    """(field, problem) for a Megatron model that Megatron would refuse on any cluster."""
+    arch, par, mg = entry.model, entry.parallelism, entry.megatron_options
+    out: list[tuple[str, str]] = []
+    if arch.layers % par.pp:
+        out.append(("parallelism.pp", f"pp={par.pp} does not divide model.layers={arch.layers} (Megatron gives each "
+                                      f"pipeline stage the same number of layers); valid pp: {_divisors(arch.layers)}"))
+    elif par.virtual_stages > 1 and (arch.layers // par.pp) % par.virtual_stages:
+        per = arch.layers // par.pp
+        out.append(("parallelism.virtual_stages", f"virtual_stages={par.virtual_stages} does not divide the {per} layers "
+                                                  f"of each pipeline stage; valid: {_divisors(per)}"))
+    if par.compile:
+        out.append(("parallelism.compile", "compile is the built-in trainer's (torch.compile per block); Megatron-LM "
+                                           "uses its own fused kernels: remove compile"))
+    max_pos = mg.max_position_embeddings
+    if max_pos is not None and arch.seq_len > max_pos:
+        out.append(("megatron.max_position_embeddings", f"{max_pos} is below model.seq_len={arch.seq_len} (Megatron "
+                                                        "asserts seq_length <= max_position_embeddings); raise it or "
+                                                        "remove it (default: seq_len)"))
+    return out
+
+
+def framework_findings(project: "Project") -> list[Finding]:
+    """``clustertrain check``'s framework section: :func:`megatron_findings` on every model's node count."""
+    if not any(e.framework == "megatron" for e in project.models):
+        return []
+    from clustertrain.errors import ClusterTrainError
+    from clustertrain.plan.nodes import nodes_for
+
+    try:
+        nodes = nodes_for(project)
+    except ClusterTrainError:
+        nodes = None  # the plan section reports it
+    return megatron_findings(project, None, nodes)
+
+
+def megatron_findings(project: "Project", models: list[str] | None = None,
+                      nodes: dict[str, int] | None = None) -> list[Finding]:
+    """Findings for the Megatron models of ``project`` (``models``: only these); ``nodes``: each model's node
+    count (:func:`clustertrain.plan.nodes.nodes_for`), from which dp follows."""
+    chosen = [(i, e) for i, e in enumerate(project.models)
+              if e.framework == "megatron" and (models is None or e.name in models)]
+    if not chosen:
+        return []
+    out: list[Finding] = []
+    if project.cluster.gpus_per_node == 0:
+        out.append(Finding("error", "cluster.gpus_per_node", f"0, but {', '.join(e.name for _, e in chosen)} "
+                           "trains with Megatron-LM (framework: megatron), which runs on CUDA GPUs only",
+                           "set cluster.gpus_per_node to the GPUs of a node, or framework: clustertrain "
+                           "(the built-in trainer runs on CPU workers)"))
+    for i, entry in chosen:
+        where = f"models[{i}]"
+        n = (nodes or {}).get(entry.name) or entry.plan.nodes or project.cluster.nodes
+        world = n * project.cluster.ranks_per_node
+        par, t = entry.parallelism, entry.training
+        mp = par.tp * par.pp
+        if world % mp == 0:
+            dp = world // mp
+            if t.global_batch % (t.micro_batch * dp):
+                out.append(Finding("error", f"{where}.training.global_batch",
+                                   f"{entry.name}: {t.global_batch} is not divisible by micro_batch x dp = "
+                                   f"{t.micro_batch} x {dp} on {n} node(s) (Megatron asserts it)",
+                                   f"use a multiple of {t.micro_batch * dp}"))
+        out += tokenizer_findings(where, entry)
+        out += extra_arg_findings(where, entry)
+    out += image_findings(project, chosen)
+    return out
+
+
+def image_findings(project: "Project", chosen: list[tuple[int, "ModelEntry"]]) -> list[Finding]:
+    """The image ``clustertrain image build`` writes has Megatron-LM only with ``image.megatron: true`` (at
+    ``/opt/megatron-lm``, the tag of ``versions.yaml``'s ``megatron_lm`` pin)."""
+    from clustertrain.megatron.config import MEGATRON_PATH, MEGATRON_TAG
+
+    image = project.image
+    if image is None or project.cluster.container_image:
+        return []  # a foreign image: its Megatron-LM is the user's to know
+    names = ", ".join(e.name for _, e in chosen)
+    if not image.megatron:
+        return [Finding("error", "image.megatron", f"false, but {names} trains with Megatron-LM (framework: megatron) "
+                        "and the image would not contain it", "set image.megatron: true (clones Megatron-LM at the "
+                        f"pinned tag into {MEGATRON_PATH})")]
+    out = []
+    for i, entry in chosen:
+        if entry.megatron_options.path.rstrip("/") != MEGATRON_PATH:
+            out.append(Finding("error", f"models[{i}].megatron.path", f"{entry.megatron_options.path}, but the image "
+                               f"puts Megatron-LM in {MEGATRON_PATH}", f"remove megatron.path (default {MEGATRON_PATH})"))
+    try:
+        from clustertrain.image.versions import load_versions, resolved
+
+        pinned = resolved(load_versions(image.versions), True).get("megatron_lm", {})
+    except Exception:  # noqa: BLE001 - the image section reports a pins file it cannot read
+        return out
+    version = str(pinned.get("version") or pinned.get("ref") or "") if isinstance(pinned, dict) else ""
+    if version and MEGATRON_TAG not in version:
+        out.append(Finding("warning", "image.versions", f"the image pins Megatron-LM {version}; clustertrain renders "
+                           f"arguments for {MEGATRON_TAG}", f"pin megatron_lm to {MEGATRON_TAG}, or check the "
+                           "rendered flags against that version's parser"))
+    return out
+
+
+def tokenizer_findings(where: str, entry: "ModelEntry") -> list[Finding]:
+    """``byte`` maps to Megatron's NullTokenizer; a ``tokenizer.json`` to HuggingFaceTokenizer of its directory,
+    which Megatron loads with ``transformers.AutoTokenizer.from_pretrained`` — that needs a
+    ``tokenizer_config.json`` naming the tokenizer class beside ``tokenizer.json``."""
+    spec = entry.data.tokenizer
+    if spec == "byte":
+        return []
+    path = Path(spec.removeprefix("hf:"))
+    directory = path if path.is_dir() else path.parent
+    if not directory.is_dir():
+        return []  # the data section reports a missing tokenizer
+    if not (directory / "tokenizer.json").is_file():
+        return [Finding("error", f"{where}.data.tokenizer", f"{entry.name}: {directory} has no tokenizer.json, which "
+                        "Megatron's HuggingFaceTokenizer loads (the directory is passed as --tokenizer-model)",
+                        "point data.tokenizer at a tokenizer.json (clustertrain data train-tokenizer writes one)")]
+    if not (directory / "tokenizer_config.json").is_file():
+        return [Finding("error", f"{where}.data.tokenizer", f"{entry.name}: {directory} has no tokenizer_config.json: "
+                        "Megatron loads the directory with transformers' AutoTokenizer, which needs it to know the "
+                        "tokenizer class", "run `clustertrain data tokenizer-config "
+                        f"{directory / 'tokenizer.json'}` (writes {{\"tokenizer_class\": \"PreTrainedTokenizerFast\"}} and "
+                        "the special tokens), or add the file")]
+    return []
+
+
+def extra_arg_findings(where: str, entry: "ModelEntry") -> list[Finding]:
+    from clustertrain.megatron.args import rendered_options
+    from clustertrain.megatron.flags import known_options
+
+    known = known_options()
+    rendered = rendered_options()
+    out: list[Finding] = []
+    for k, word in enumerate(entry.megatron_options.extra_args):
+        if not word.startswith("--"):
+            continue  # a value of the option before it
+        option = word.split("=", 1)[0]
+        field = f"{where}.megatron.extra_args[{k}]"
+        if option not in known:
+            near = _nearest(option, known)
+            out.append(Finding("error", field, f"{entry.name}: {option} is not an option of Megatron-LM's parser at "
+                               f"{_tag()}", f"remove it{f' (did you mean {near}?)' if near else ''}"))
+        elif option in rendered:
+            out.append(Finding("error", field, f"{entry.name}: {option} is rendered from the project ({rendered[option]})",
+                               f"set {rendered[option]} instead of passing {option}"))
+    return out
+
+
+def _tag() -> str:
+    from clustertrain.megatron.config import MEGATRON_TAG
+
+    return MEGATRON_TAG
+
+
+def _nearest(option: str, known: frozenset[str]) -> str | None:
+    import difflib
+
+    found = difflib.get_close_matches(option, sorted(known), n=1, cutoff=0.8)
+    return found[0] if found else None
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)

@@ -1,0 +1,93 @@
+"""Megatron-LM's own argument parser, from the pinned tag's source (test material, not a double).
+
+``../shared/third_party/megatron-lm-core_v0.16.1.tar.gz`` holds ``megatron/training``, ``pretrain_gpt.py`` and
+what they import of Megatron-LM at tag core_v0.16.1 (commit 55ac7082517c); ``megatron-core==0.16.1`` from PyPI is
+its ``megatron/core``. :func:`megatron_source` unpacks it once per test session; :func:`parse_with_megatron` runs,
+in one child process (the parser reads ``sys.argv`` and ``RANK``/``WORLD_SIZE`` and prints a lot), Megatron's
+``parse_args`` on each argument list and then ``validate_args`` as far as it runs on a CPU machine: it stops at its
+first CUDA-only check (``torch.cuda.get_device_properties`` for tp > 1, ...), which is reported, not hidden.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+TARBALL = Path(__file__).resolve().parents[3] / "shared" / "third_party" / "megatron-lm-core_v0.16.1.tar.gz"
+TOP = "megatron-lm-core_v0.16.1"
+
+_CHILD = r'''
+import io, json, os, sys, contextlib, traceback
+cases = json.load(sys.stdin)
+from megatron.training import arguments as A
+out = []
+for case in cases:
+    os.environ["RANK"] = "0"
+    os.environ["WORLD_SIZE"] = str(case["world"])
+    for k, v in case.get("env", {}).items():
+        os.environ[k] = v
+    sys.argv = ["pretrain_gpt.py", *case["args"]]
+    err = io.StringIO()
+    result = {"accepted": False, "error": None, "validated": None, "stopped": None, "values": {}}
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            args = A.parse_args()
+        result["accepted"] = True
+    except SystemExit:
+        result["error"] = err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else "exit"
+        out.append(result)
+        continue
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            A.validate_args(args)
+        result["validated"] = True
+    except Exception as e:  # noqa: BLE001
+        text = f"{type(e).__name__}: {e}"
+        cuda = any(w in text for w in ("CUDA", "cuda", "NVIDIA", "Torch not compiled", "device"))
+        result["validated"] = False
+        result["stopped"] = text[:400]
+        result["cuda_stop"] = cuda
+    for key in case.get("read", []):
+        v = getattr(args, key, None)
+        result["values"][key] = v if isinstance(v, (int, float, str, bool, type(None), list)) else str(v)
+    out.append(result)
+    for k in case.get("env", {}):
+        os.environ.pop(k, None)
+print("@@RESULT@@" + json.dumps(out))
+'''
+
+
+@dataclass
+class ParseResult:
+    accepted: bool
+    error: str | None
+    validated: bool | None
+    stopped: str | None
+    cuda_stop: bool
+    values: dict
+
+
+def megatron_source(base: Path) -> Path:
+    """Unpack the tarball below ``base`` (once) and return Megatron-LM's top directory."""
+    top = base / TOP
+    if not (top / "pretrain_gpt.py").is_file():
+        with tarfile.open(TARBALL) as tar:
+            tar.extractall(base, filter="data")
+    return top
+
+
+def parse_with_megatron(source: Path, cases: list[dict]) -> list[ParseResult]:
+    """``cases``: ``{"args": [...], "world": N, "env": {...}, "read": [attribute names]}``."""
+    env = {**os.environ, "PYTHONPATH": str(source), "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run([sys.executable, "-c", _CHILD], input=json.dumps(cases), capture_output=True, text=True,
+                          cwd=source, env=env, timeout=300)
+    marker = [line for line in proc.stdout.splitlines() if line.startswith("@@RESULT@@")]
+    assert marker, f"Megatron-LM's parser did not run: {proc.stderr[-2000:]}"
+    rows = json.loads(marker[-1].removeprefix("@@RESULT@@"))
+    return [ParseResult(r["accepted"], r["error"], r["validated"], r["stopped"], r.get("cuda_stop", False), r["values"])
+            for r in rows]

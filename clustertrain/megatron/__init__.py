@@ -11,10 +11,12 @@ This package is the adapter, and the only place that knows Megatron-LM:
 * :mod:`~clustertrain.megatron.flags` — the option strings Megatron-LM's own parser accepts at that tag
   (data, checked against the parser by a test);
 * :mod:`~clustertrain.megatron.rules` — what Megatron would reject, as ``check``/``submit`` findings;
-* :mod:`~clustertrain.megatron.logs` — Megatron's iteration log lines as rows of ``metrics.jsonl``.
+* :mod:`~clustertrain.megatron.logs` — Megatron's iteration log lines as rows of ``metrics.jsonl``;
+* :mod:`~clustertrain.megatron.backup` — the final checkpoint (Megatron's layout) to the checkpoint bucket.
 
 Why a package of its own: the adapter is read by the planner, the launcher, the checks and the monitor;
 kept in one of them, the others would import that stage's internals (the architecture's rule is that
-stages exchange typed objects). It imports :mod:`clustertrain.schema`, :mod:`clustertrain.train.config`
-and :mod:`clustertrain.train.layout` (pure pydantic / Python) and nothing from the CLI.
+stages exchange typed objects). Its config imports only :mod:`clustertrain.schema`; the other modules import
+leaf modules (errors, findings, rundir, train.config/layout) and, inside functions, the stage code they reuse
+(staging, the catalog, job records); no stage module imports them at import time, and nothing here imports the CLI.
 """

@@ -3,7 +3,8 @@ inside it, no script or style from anywhere else (its Content-Security-Policy al
 
 What it reads per model, every part optional (a missing or damaged part is named in the model's "missing" box,
 never an error): ``run.json`` and ``config.yaml`` (the project as the run resolved it: ``max_steps`` and the plan),
-``status.json``, ``metrics.jsonl`` (a line cut by a kill is skipped), ``timing/rank<R>.jsonl``, ``events.jsonl``
+``status.json``, ``metrics.jsonl`` (a line cut by a kill is skipped; a Megatron model's new iteration lines are
+ingested into it first, :mod:`clustertrain.megatron.logs`), ``timing/rank<R>.jsonl``, ``events.jsonl``
 and ``monitor/<node>.events.jsonl``, ``usage.json``, ``monitor/<node>.csv`` and ``checkpoints/step_*/meta.json``
 (formats: :mod:`clustertrain.monitor.records`, :mod:`clustertrain.monitor.samples`,
 :mod:`clustertrain.train.checkpoint`, :mod:`clustertrain.runstate`).
@@ -281,7 +282,7 @@ def gather_model(paths: RunPaths, name: str, project: "Project | None", plan: "P
     _attach_plan(m, plan)
     # the run's own config.yaml gives max_steps as it was started (its --set included), else the project's
     m.summary = model_status(name, paths.root, None, max_steps=entry.training.max_steps if entry else None,
-                             price_per_gpu_hour=m.price_per_gpu_hour, now=now)
+                             price_per_gpu_hour=m.price_per_gpu_hour, now=now, project=project)
     if not paths.root.is_dir():
         m.missing.append(f"run directory: the model has not started (no {paths.root})")
         return m

@@ -3,7 +3,8 @@
 Read from the run directory (``run.json``, ``status.json``, ``usage.json``, ``metrics.jsonl``, ``config.yaml``,
 checkpoints, events; formats: :mod:`clustertrain.runstate`, :mod:`clustertrain.monitor.records`) and, for Slurm
 runs, the job as the launch stage sees it (handed in as a :class:`~clustertrain.launch.backend.JobStatus`, e.g. by
-:func:`clustertrain.launch.overview.newest_jobs`; this module does not query Slurm and does not import launch).
+:func:`clustertrain.launch.overview.newest_jobs`; this module does not query Slurm and does not import launch;
+for a Megatron model, :mod:`clustertrain.megatron.logs` reads ``jobs.jsonl`` for the jobs' output files).
 
 A run is a Slurm run when a job is handed in for it (its directory has ``jobs.jsonl``), else a local run:
 
@@ -17,7 +18,9 @@ A run is a Slurm run when a job is handed in for it (its directory has ``jobs.js
   -> failed, "rank 0 (pid N) is gone without a final state"; on another host -> running, with the age of its last
   heartbeat (``Attempt.last``). No run directory or no ``run.json`` -> not started.
 
-Figures: step, loss, tokens/s and MFU from the last row of ``metrics.jsonl``; the measured step time is the median
+Figures: step, loss, tokens/s and MFU from the last row of ``metrics.jsonl`` (for a Megatron model, with its project
+handed in, Megatron's new iteration lines are first ingested into it: :mod:`clustertrain.megatron.logs`; what cannot
+be read is named in ``missing``); the measured step time is the median
 ``step_time_s`` of the last :data:`STEP_TIME_ROWS` rows; ETA = (max_steps - step) x step time while the run is
 queued (with progress), running or requeued; ``max_steps`` from the run's ``config.yaml``, else the project.
 GPU-hours over every attempt of ``usage.json`` (a running attempt counts to now), cost = GPU-hours x the plan's
@@ -107,16 +110,19 @@ class ModelStatus:
 
 def model_status(name: str, run_dir: Path, job: "JobStatus | None" = None, *, max_steps: int | None = None,
                  price_per_gpu_hour: float | None = None, now: float | None = None,
-                 host: str | None = None) -> ModelStatus:
+                 host: str | None = None, project: "Project | None" = None) -> ModelStatus:
     """Where model ``name``'s run in ``run_dir`` stands (rules in the module docstring). ``job``: its newest Slurm
     job (None: a local run); ``max_steps``: the project's, used when the run has no ``config.yaml``; ``host``: the
-    name of this machine (default ``socket.gethostname()``), for the local liveness check."""
+    name of this machine (default ``socket.gethostname()``), for the local liveness check; ``project``: the model's
+    project (a Megatron model's output is then ingested into ``metrics.jsonl`` first)."""
     now = time.time() if now is None else now
     paths = RunPaths(Path(run_dir))
     st = ModelStatus(name, paths.root, NOT_STARTED, max_steps=max_steps, price_per_gpu_hour=price_per_gpu_hour,
                      backend="local" if job is None else "slurm")
     if not _prepared(paths, st) and job is None:
         return st
+    if project is not None:
+        _ingest_megatron(paths, project, name, st)
     st.max_steps = _max_steps(paths, name, st) or max_steps
     run = _run_status(paths, st)
     usage = read_usage(paths)
@@ -162,7 +168,7 @@ def project_status(project: "Project", runs: Iterable[tuple[str, RunPaths | Path
     for name, where in runs:
         root = where.root if isinstance(where, RunPaths) else Path(where)
         out.append(model_status(name, root, jobs.get(name), max_steps=project.model(name).training.max_steps,
-                                price_per_gpu_hour=prices.get(name), now=now))
+                                price_per_gpu_hour=prices.get(name), now=now, project=project))
     suspects = project_suspects(project, now)
     for row in out:
         row.suspects = suspects
@@ -207,6 +213,20 @@ def _prepared(paths: RunPaths, st: ModelStatus) -> bool:
         return True
     except OSError:
         return False
+
+
+def _ingest_megatron(paths: RunPaths, project: "Project", name: str, st: ModelStatus) -> None:
+    """A Megatron model (``framework: megatron``): its new iteration lines into ``metrics.jsonl``
+    (:func:`clustertrain.megatron.logs.ingest_megatron_log`); what cannot be read is one line in ``missing``."""
+    entry = next((m for m in project.models if m.name == name), None)
+    if entry is None or entry.framework != "megatron":
+        return
+    from clustertrain.megatron.logs import ingest_megatron_log, log_sources
+
+    try:
+        ingest_megatron_log(paths, entry, project, log_sources(paths))
+    except (ClusterTrainError, OSError) as e:
+        st.missing.append(f"Megatron's log not read: {e}")
 
 
 def _max_steps(paths: RunPaths, name: str, st: ModelStatus) -> int | None:

@@ -116,3 +116,12 @@ def test_megatron_job_runs_the_rendered_command_with_rank_variables_for_2x2(gpu_
     assert "final checkpoint backed up to" in out
     [record] = read_records(run)
     assert (record.state, record.exit_code) == ("COMPLETED", 0)
+
+    # the last rank's iteration lines in the job output become metrics rows (what `clustertrain status` shows)
+    from clustertrain.megatron.logs import ingest_megatron_log, log_sources
+    from clustertrain.train.metrics import read_metrics
+
+    assert ingest_megatron_log(run, project.models[0], project, log_sources(run)) == 2
+    rows = read_metrics(run.metrics)
+    assert [(r["step"], r["loss"]) for r in rows] == [(2, 4.5), (4, 4.0)]
+    assert rows[-1]["tokens_per_s"] == pytest.approx(8 * 64 / 0.25)

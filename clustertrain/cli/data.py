@@ -12,7 +12,8 @@ from rich.console import Console
 
 from clustertrain.cli.common import command_group
 
-app = command_group(help="Prepare tokenized datasets (Megatron .bin/.idx + manifest), validate them, train BPE tokenizers.")
+app = command_group(help="Prepare tokenized datasets (Megatron .bin/.idx + manifest), validate them, train BPE tokenizers "
+                         "and make their directory loadable by Megatron-LM.")
 out = Console(highlight=False, soft_wrap=True)
 
 
@@ -86,7 +87,36 @@ def train_tokenizer_cmd(
 
     tok = train_tokenizer(inputs, vocab_size, output, json_key=json_key)
     out.print(f"{output}: {tok.vocab_size:,} tokens, eod {tok.eod}, identity {tok.identity}")
+    if output.name == "tokenizer.json":
+        out.print(f"{output.with_name('tokenizer_config.json')}: written too (Megatron-LM loads {output.parent} with it)")
+    else:
+        out.print(f"note: Megatron-LM (framework: megatron) loads a directory's tokenizer.json: rename {output} to "
+                  f"{output.with_name('tokenizer.json')} and run `clustertrain data tokenizer-config` on it")
     if tok.vocab_size < vocab_size:
         out.print(f"note: asked for {vocab_size:,}, reached {tok.vocab_size:,} (every word of the input is already one "
                   f"token); a model using it needs model.vocab between {tok.vocab_size:,} and "
                   f"{vocab_limit(tok.vocab_size):,}, or unset — or train on more text")
+
+
+@app.command("tokenizer-config")
+def tokenizer_config_cmd(
+    tokenizer_json: Path = typer.Argument(..., metavar="TOKENIZER_JSON",
+                                          help="A tokenizer.json (or the directory holding it)."),
+) -> None:
+    """Write tokenizer_config.json beside TOKENIZER_JSON so that Megatron-LM (--tokenizer-type HuggingFaceTokenizer,
+    transformers' AutoTokenizer) loads its directory with our end-of-document token; never overwrites a different one."""
+    from clustertrain.data.tokenizers import HFTokenizer, write_tokenizer_config
+    from clustertrain.errors import ConfigError
+
+    path = Path(str(tokenizer_json).removeprefix("hf:"))
+    if path.is_dir():
+        path = path / "tokenizer.json"
+    if not path.is_file():
+        raise ConfigError(f"{path} does not exist; give the path of a tokenizer.json (train one with "
+                          "`clustertrain data train-tokenizer`)")
+    existed = path.with_name("tokenizer_config.json").exists()
+    written = write_tokenizer_config(path)
+    tok = HFTokenizer(path)
+    state = "already up to date, nothing done" if existed else "written"
+    out.print(f"{written}: {state} — PreTrainedTokenizerFast, eos/bos {tok.eod_token} (id {tok.eod}), "
+              f"{tok.vocab_size:,} tokens; Megatron-LM loads {path.parent} (--tokenizer-model)")

@@ -13,9 +13,11 @@ Per model:
                      says what was not verified, unless a staged copy already lies in
                      ``<datasets>/remote-<hash>/`` (the head node after a first ``submit``), whose
                      manifest is then checked like a prepared prefix.
+``data.blend``       (``framework: megatron``) each ``data.blend[k].source`` is checked as ``data.source``
+                     is, with the same tokenizer, under its own field; ``data.source`` is then not read.
 size                 when the token count is known: ``seq_len + 1`` tokens for one sample (error), and a
-                     warning when ``max_steps x global_batch x seq_len`` is more than
-                     :data:`MAX_EPOCHS` passes over the data.
+                     warning when ``max_steps x global_batch x seq_len`` (times a blend source's share of
+                     the weights) is more than :data:`MAX_EPOCHS` passes over the data.
 cluster paths        with an ``aws:`` section the data stage reads ``data.source`` where ``submit`` runs
                      (the head node) and the ranks read the prepared copy from ``<datasets>``: a local
                      source outside the shared file systems is an error (publish it to the data bucket,
@@ -105,20 +107,29 @@ def _model_findings(project: "Project", entry: "ModelEntry", datasets: Path, mou
                            "give the path of a tokenizer.json (train one with `clustertrain data train-tokenizer`), or `byte`"))
     if tokenizer is not None and (problem := vocab_disagreement(entry, tokenizer[1])) is not None:
         out.append(Finding("error", *problem))
-    tokens, source_findings = _source(project, entry, tokenizer, datasets, mounts)
-    out += source_findings
-    if tokens is not None:
-        out += _size(entry, tokens)
+    for field, src, share in _sources(entry):
+        tokens, source_findings = _source(project, entry, src, field, tokenizer, datasets, mounts)
+        out += source_findings
+        if tokens is not None:
+            out += _size(entry, src, field, tokens, share)
     return out
 
 
-def _source(project: "Project", entry: "ModelEntry", tokenizer: tuple[str, int] | None, datasets: Path,
-            mounts: tuple[str, ...]) -> tuple[int | None, list[Finding]]:
-    """(token count when known, findings) for ``data.source``."""
+def _sources(entry: "ModelEntry") -> list[tuple[str, str, float]]:
+    """(field, source, share of the training samples) of ``data.source``, or of each source of ``data.blend``."""
+    blend = entry.data.blend
+    if not blend:
+        return [("data.source", entry.data.source, 1.0)]
+    total = sum(b.weight for b in blend)
+    return [(f"data.blend[{k}].source", b.source, b.weight / total) for k, b in enumerate(blend)]
+
+
+def _source(project: "Project", entry: "ModelEntry", src: str, field: str, tokenizer: tuple[str, int] | None,
+            datasets: Path, mounts: tuple[str, ...]) -> tuple[int | None, list[Finding]]:
+    """(token count when known, findings) for the source ``src`` at ``models.<name>.<field>``."""
     from clustertrain.data.staging import BUILTIN, published_copy_dir
 
-    src = entry.data.source
-    where = f"models.{entry.name}.data.source"
+    where = f"models.{entry.name}.{field}"
     on_cluster = project.aws is not None
     if src.startswith("builtin:"):
         if src not in BUILTIN:
@@ -141,10 +152,10 @@ def _source(project: "Project", entry: "ModelEntry", tokenizer: tuple[str, int] 
         data_bucket = project.storage.data_bucket or (
             f"s3://{project.aws.buckets.data}/datasets" if project.aws.buckets.data else "s3://<aws.buckets.data>/datasets")
         return None, [Finding("error", where, f"{src} is not on a shared file system of the aws: section "
-                              f"({', '.join(mounts) or 'none'}); run preparation reads data.source where `submit` runs "
+                              f"({', '.join(mounts) or 'none'}); run preparation reads {field} where `submit` runs "
                               "(the head node), and this machine's files are not there",
                               f"publish it: `clustertrain data prepare --input {src} --output-prefix DIR/NAME --tokenizer "
-                              f"{entry.data.tokenizer} --publish {data_bucket.rstrip('/')}/NAME/`, then set data.source to "
+                              f"{entry.data.tokenizer} --publish {data_bucket.rstrip('/')}/NAME/`, then set {field} to "
                               "that URL; or put it on a shared file system")]
     if Path(f"{src}.idx").is_file() or Path(f"{src}.bin").is_file():
         return _prefix(local, tokenizer, where, src)
@@ -195,19 +206,22 @@ def _prefix(prefix: Path, tokenizer: tuple[str, int] | None, where: str, shown: 
     return (int(tokens) if isinstance(tokens, int) else None), out
 
 
-def _size(entry: "ModelEntry", tokens: int) -> list[Finding]:
+def _size(entry: "ModelEntry", src: str, field: str, tokens: int, share: float = 1.0) -> list[Finding]:
     need = entry.model.seq_len + 1
     if tokens < need:
         return [Finding("error", f"models.{entry.name}.model.seq_len", f"{entry.model.seq_len} needs {need} tokens per sample "
-                        f"but {entry.data.source} holds {tokens:,}", "lower seq_len or add data")]
+                        f"but {src} holds {tokens:,}", "lower seq_len or add data")]
     t = entry.training
     trained = t.max_steps * t.global_batch * entry.model.seq_len
-    epochs = trained / tokens
+    epochs = trained * share / tokens
     if epochs > MAX_EPOCHS:
-        return [Finding("warning", f"models.{entry.name}.data.source", f"training reads {trained:,} tokens (max_steps x "
-                        f"global_batch x seq_len), {epochs:,.0f} passes over the {tokens:,} tokens of {entry.data.source}; "
-                        f"beyond ~{MAX_EPOCHS} passes repeated data is worth little (Muennighoff et al. 2023)",
-                        "train on a larger dataset (publish it with `clustertrain data prepare --publish`), or fewer steps")]
+        reads = (f"training reads {trained:,} tokens (max_steps x global_batch x seq_len)" if share == 1.0 else
+                 f"training reads ~{round(trained * share):,} tokens of it ({share:.0%} of the blend's weight x "
+                 f"max_steps x global_batch x seq_len)")
+        return [Finding("warning", f"models.{entry.name}.{field}", f"{reads}, {epochs:,.0f} passes over the {tokens:,} "
+                        f"tokens of {src}; beyond ~{MAX_EPOCHS} passes repeated data is worth little (Muennighoff et al. 2023)",
+                        "train on a larger dataset (publish it with `clustertrain data prepare --publish`), or fewer steps"
+                        if share == 1.0 else "give it less weight or more data, or train fewer steps")]
     return []
 
 

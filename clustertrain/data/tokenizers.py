@@ -12,12 +12,26 @@ Specs accepted by :func:`load_tokenizer`:
     never share prepared data.
 
 :func:`train_tokenizer` trains a byte-level BPE (GPT-2 style, ``<|endoftext|>`` = eod,
-``<|pad|>``) on text/JSONL files and writes ``tokenizer.json`` atomically.
+``<|pad|>``) on text/JSONL files and writes ``tokenizer.json`` atomically, with the
+``tokenizer_config.json`` that :func:`write_tokenizer_config` writes beside it.
+
+The directory Megatron-LM loads
+-------------------------------
+A ``framework: megatron`` model with a ``tokenizer.json`` trains with Megatron's ``HuggingFaceTokenizer``
+on the file's directory (``--tokenizer-model DIR``), which calls ``transformers.AutoTokenizer.from_pretrained(DIR)``.
+A directory holding ``tokenizer.json`` alone is not enough: transformers 4.x refuses it ("Unrecognized model
+... Should have a `model_type` key in its config.json"), and 5.x loads it without an end-of-sequence token,
+so Megatron's ``tokenizer.eod`` is None. :func:`write_tokenizer_config` writes the ``tokenizer_config.json``
+that both need: the class (``PreTrainedTokenizerFast``, which wraps ``tokenizer.json`` as it is) and
+``eos_token``/``bos_token`` = this module's end-of-document token, so Megatron's ids, vocabulary size and
+eod are the ones :class:`HFTokenizer` gives (tests/unit/data/test_megatron_tokenizer.py checks it with
+transformers and megatron-core).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Protocol, Sequence
@@ -31,6 +45,11 @@ if TYPE_CHECKING:
 
 EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<eod>", "<|end_of_text|>", "[SEP]")
 SPECIALS = ["<|endoftext|>", "<|pad|>"]
+#: the file transformers' AutoTokenizer reads to know the class of a tokenizer directory
+TOKENIZER_CONFIG = "tokenizer_config.json"
+#: no length limit: transformers warns when a text encodes to more ids than model_max_length, and documents are
+#: long (transformers' own "no limit" is int(1e30), about the same)
+MODEL_MAX_LENGTH = 10**30
 
 
 class Tokenizer(Protocol):
@@ -119,6 +138,11 @@ class HFTokenizer:
     def eod(self) -> int:
         return self._eod
 
+    @property
+    def eod_token(self) -> str:
+        """The end-of-document token's text (the first of :data:`EOD_CANDIDATES` in the vocabulary)."""
+        return self._tok.id_to_token(self._eod)
+
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
 
@@ -147,14 +171,65 @@ def load_tokenizer(spec: str) -> Tokenizer:
                       "or a path ending in tokenizer.json")
 
 
+def tokenizer_config(eod_token: str) -> dict:
+    """The ``tokenizer_config.json`` content for a ``tokenizer.json`` whose end-of-document token is ``eod_token``."""
+    return {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eod_token, "bos_token": eod_token,
+            "model_max_length": MODEL_MAX_LENGTH, "clean_up_tokenization_spaces": False}
+
+
+def write_tokenizer_config(tokenizer_json: Path) -> Path:
+    """Write ``tokenizer_config.json`` beside ``tokenizer_json`` (atomically) so that transformers'
+    ``AutoTokenizer.from_pretrained(<its directory>)`` — what Megatron-LM's HuggingFaceTokenizer calls — loads
+    it with this module's end-of-document token as eos (see the module docstring). Returns its path.
+
+    An identical file is left as it is; a different one is never overwritten (:class:`ConfigError` saying so).
+    """
+    path = Path(tokenizer_json)
+    if path.name != "tokenizer.json":
+        raise ConfigError(f"{path}: AutoTokenizer (and so Megatron-LM) reads a directory's tokenizer.json; rename "
+                          f"the file to {path.with_name('tokenizer.json')}")
+    tok = HFTokenizer(path)  # ConfigError when missing, not a tokenizer.json, or without an end-of-document token
+    return _write_config(path.with_name(TOKENIZER_CONFIG), tokenizer_config(tok.eod_token))
+
+
+def _existing_config_problem(path: Path, wanted: dict) -> str | None:
+    """None when ``path`` is absent or already holds ``wanted``; else the one line refusing to overwrite it."""
+    if not path.exists():
+        return None
+    try:
+        if json.loads(path.read_text(encoding="utf-8")) == wanted:
+            return None
+    except (OSError, UnicodeDecodeError, ValueError):
+        pass
+    return (f"{path} already exists and differs from the one clustertrain writes (tokenizer_class "
+            f"{wanted['tokenizer_class']}, eos/bos {wanted['eos_token']}); it was left as it is: keep it if Megatron-LM "
+            "should load the directory with it, or remove it and run again")
+
+
+def _write_config(path: Path, wanted: dict) -> Path:
+    problem = _existing_config_problem(path, wanted)
+    if problem:
+        raise ConfigError(problem)
+    if not path.exists():
+        write_atomic(path, json.dumps(wanted, indent=2) + "\n")
+    return path
+
+
 def train_tokenizer(files: Iterable[str | os.PathLike], vocab_size: int, output: str | os.PathLike,
                     json_key: str = "text") -> HFTokenizer:
-    """Train a byte-level BPE on text/JSONL(.gz) ``files`` and write it to ``output`` (atomically)."""
+    """Train a byte-level BPE on text/JSONL(.gz) ``files`` and write it to ``output`` (atomically); when ``output``
+    is named ``tokenizer.json``, also the ``tokenizer_config.json`` Megatron-LM needs beside it
+    (:func:`write_tokenizer_config`; a different existing one stops the training before anything is written)."""
     from tokenizers import Tokenizer as _HF, decoders, models, pre_tokenizers, trainers
 
     minimum = 256 + len(SPECIALS)
     if vocab_size < minimum:
         raise ConfigError(f"--vocab-size {vocab_size} is too small for a byte-level BPE; use at least {minimum}")
+    out = Path(output)
+    config = out.with_name(TOKENIZER_CONFIG) if out.name == "tokenizer.json" else None
+    wanted = tokenizer_config(SPECIALS[0])  # <|endoftext|>: the first of EOD_CANDIDATES
+    if config is not None and (problem := _existing_config_problem(config, wanted)):
+        raise ConfigError(problem)
     paths = resolve_inputs(files)
     tok = _HF(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -162,8 +237,10 @@ def train_tokenizer(files: Iterable[str | os.PathLike], vocab_size: int, output:
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator((text for p in paths for text in iter_texts(p, json_key)), trainer=trainer)
-    out = Path(output)
     write_atomic(out, tok.to_str())
     if tok.get_vocab_size() < 1:
         raise DataError(f"{output}: the tokenizer learned nothing; give non-empty input files")
-    return HFTokenizer(out)
+    trained = HFTokenizer(out)
+    if config is not None:
+        _write_config(config, tokenizer_config(trained.eod_token))
+    return trained

@@ -126,6 +126,30 @@ def validate_case(id: str, text: str | bytes | Callable[[], str], expect: tuple[
     return Case(id, ("cluster", "validate", "cluster.yaml"), expect, {"cluster.yaml": text})
 
 
+#: BASE as a Megatron-LM model (framework: megatron) on a node of 2 GPUs
+MEGATRON = edit("gpus_per_node: 0, procs_per_node: 2", "gpus_per_node: 2",
+                edit("  - name: tiny\n", "  - name: tiny\n    framework: megatron\n"))
+DIFFERENT_CONFIG = '{"tokenizer_class": "GPT2TokenizerFast"}\n'
+
+
+def tokenizer_dir(config: str | None = None) -> Callable[[Path], None]:
+    """Setup: ``tok/tokenizer.json`` trained by clustertrain, its ``tokenizer_config.json`` removed (an older
+    ``train-tokenizer``, or a hand copy) or replaced by ``config``."""
+    def setup(where: Path) -> None:
+        from clustertrain.data import train_tokenizer
+
+        (where / "tok").mkdir()
+        (where / "tok" / "c.txt").write_text("to be or not to be, that is the question " * 20)
+        train_tokenizer([where / "tok" / "c.txt"], 300, where / "tok" / "tokenizer.json")
+        (where / "tok" / "c.txt").unlink()
+        target = where / "tok" / "tokenizer_config.json"
+        if config is None:
+            target.unlink()
+        else:
+            target.write_text(config)
+    return setup
+
+
 DATA = "launch/prepare.py or data/staging.py"
 BAD_DEST = "dst/.clustertrain-manifest.json is not a clustertrain manifest"
 CASES = [
@@ -293,6 +317,40 @@ CASES = [
          ("cluster.yaml: this is a ParallelCluster config, not a clustertrain project",
           "clustertrain cluster validate"),
          {"cluster.yaml": cluster_config()}),
+    # -- Megatron-LM models (framework: megatron) and data blends: refused when the project loads -------------
+    project_case("megatron-heads-not-divisible-by-tp",
+                 edit("hidden: 64, heads: 4", "hidden: 96, heads: 6", edit("gpus_per_node: 2", "gpus_per_node: 4", MEGATRON))
+                 + "    parallelism: {tp: 4}\n",
+                 ("p.yaml:10: models[0].parallelism.tp: tp=4 does not divide model.heads=6", "valid tp: 1, 2, 3, 6")),
+    Case("megatron-global-batch-not-divisible", ("submit", "p.yaml", "--dry-run"),
+         ("p.yaml:9: models[0].training.global_batch (3) must be a multiple of micro_batch x dp (1 x 2 = 2)",),
+         {"p.yaml": edit("global_batch: 2", "global_batch: 3", MEGATRON)}),
+    project_case("megatron-max-positions-below-seq-len", MEGATRON + "    megatron: {max_position_embeddings: 16}\n",
+                 ("p.yaml:10: models[0].megatron.max_position_embeddings: 16 is below model.seq_len=32",
+                  "raise it or remove it")),
+    project_case("megatron-section-on-a-built-in-model", BASE + "    megatron: {eval_iters: 0}\n",
+                 ("p.yaml:9: models[0].megatron: a megatron: section needs framework: megatron",
+                  "set it, or remove the section")),
+    project_case("blend-on-a-built-in-model",
+                 edit('source: "builtin:shakespeare"', 'blend: [{source: "builtin:shakespeare", weight: 1}]'),
+                 ("p.yaml:7: models[0].data.blend: the built-in trainer reads one dataset", "use data.source, or "
+                  "framework: megatron")),
+    project_case("blend-and-source", edit('source: "builtin:shakespeare"',
+                                          'source: "builtin:shakespeare", blend: [{source: a.jsonl, weight: 1}]', MEGATRON),
+                 ("p.yaml:8: models[0].data: give data.source or data.blend, not both",)),
+    project_case("blend-weight-zero", edit('source: "builtin:shakespeare"',
+                                           'blend: [{source: "builtin:shakespeare", weight: 0}]', MEGATRON),
+                 ("p.yaml:8: models[0].data.blend[0].weight: Input should be greater than 0", "(got 0)")),
+    # -- the tokenizer directory Megatron-LM loads (`data tokenizer-config`, `data train-tokenizer`) ------------
+    Case("tokenizer-config-missing-file", ("data", "tokenizer-config", "tok/tokenizer.json"),
+         ("tok/tokenizer.json does not exist", "give the path of a tokenizer.json"), {}),
+    Case("tokenizer-config-differs", ("data", "tokenizer-config", "tok/tokenizer.json"),
+         ("tok/tokenizer_config.json already exists and differs", "left as it is", "remove it and run again"), {},
+         setup=tokenizer_dir(DIFFERENT_CONFIG)),
+    Case("train-tokenizer-over-a-different-config",
+         ("data", "train-tokenizer", "-i", "c.txt", "--vocab-size", "300", "-o", "tok/tokenizer.json"),
+         ("tok/tokenizer_config.json already exists and differs", "remove it and run again"),
+         {"c.txt": "other words entirely " * 20}, setup=tokenizer_dir(DIFFERENT_CONFIG)),
 ]
 E2E = ("yaml-syntax", "set-bad-type", "data-broken-line", "manifest-truncated", "cluster-list")
 
@@ -377,6 +435,65 @@ def test_cluster_validate_reports_a_rejected_config_once(old, new, expect, tmp_p
     errors = [line for line in result.stdout.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and errors[0].startswith(expect) and "; fix: " in errors[0], result.stdout
     assert "cluster.yaml: 1 error(s), 0 warning(s) (aws-parallelcluster schema + clustertrain rules)" in result.stdout
+    assert snapshot(tmp_path) == before
+
+
+#: `clustertrain check` reports (stdout, exit 2) rather than refuses: each case is one error row naming the
+#: section, the field and the fix (the project loads; the problem needs the world size, the tokenizer's files
+#: or Megatron's option list)
+CHECK_CASES = [
+    Case("megatron-no-gpus", ("check", "p.yaml"),
+         ("framework", "cluster.gpus_per_node", "0, but tiny trains with Megatron-LM", "runs on CUDA GPUs only",
+          "fix: set cluster.gpus_per_node to the GPUs of a node, or framework: clustertrain"),
+         {"p.yaml": MEGATRON.replace("gpus_per_node: 2", "gpus_per_node: 0, procs_per_node: 2")}),
+    Case("megatron-unknown-extra-arg", ("check", "p.yaml"),
+         ("framework", "models[0].megatron.extra_args[0]", "tiny: --use-flash-atn is not an option of Megatron-LM's",
+          "fix: remove it (did you mean --use-flash-attn?)"),
+         {"p.yaml": MEGATRON + '    megatron: {extra_args: ["--use-flash-atn"]}\n'}),
+    Case("megatron-rendered-extra-arg", ("check", "p.yaml"),
+         ("framework", "models[0].megatron.extra_args[0]", "tiny: --seq-length is rendered from the project",
+          "fix: set model.seq_len instead"),
+         {"p.yaml": MEGATRON + '    megatron: {extra_args: ["--seq-length", "64"]}\n'}),
+    Case("megatron-tokenizer-without-config", ("check", "p.yaml"),
+         ("framework", "models[0].data.tokenizer", "has no tokenizer_config.json",
+          "transformers' AutoTokenizer", "fix: run `clustertrain data tokenizer-config", "tok/tokenizer.json`"),
+         {"p.yaml": edit("tokenizer: byte", "tokenizer: tok/tokenizer.json", MEGATRON)}, setup=tokenizer_dir()),
+    Case("megatron-global-batch-planned", ("check", "p.yaml"),
+         ("plan", "models[0].training.global_batch", "tiny is infeasible (megatron framework): global_batch 3 is not a multiple",
+          "fix: make global_batch a multiple of micro_batch x dp for the planned node count"),
+         {"p.yaml": edit("global_batch: 2}", "global_batch: 3}\n    plan: {nodes: 1}", MEGATRON)
+          + "plan: {cluster_nodes: 1}\n"}),
+    Case("blend-source-missing", ("check", "p.yaml"),
+         ("data", "models.tiny.data.blend[1].source", "missing.jsonl: no such file", "fix: give a prepared prefix"),
+         {"p.yaml": edit('source: "builtin:shakespeare"',
+                         'blend: [{source: "builtin:shakespeare", weight: 3}, {source: missing.jsonl, weight: 1}]',
+                         MEGATRON)}),
+]
+
+
+def check_params():
+    return [pytest.param(c, id=c.id, marks=[pytest.mark.xfail(strict=True, reason=c.xfail)] if c.xfail else [])
+            for c in CHECK_CASES]
+
+
+@pytest.mark.parametrize("case", check_params())
+def test_check_reports_one_error_row_and_writes_nothing(case: Case, tmp_path, monkeypatch):
+    """`check` exits 2 with exactly one error row (level, section, field, problem; fix), warnings aside, and a
+    summary naming the file; nothing on stderr, nothing written."""
+    monkeypatch.delenv("CLUSTERTRAIN_DEBUG", raising=False)
+    monkeypatch.chdir(tmp_path)
+    materialize(case, tmp_path)
+    before = snapshot(tmp_path)
+    result = CliRunner().invoke(app, list(case.argv), prog_name="clustertrain")
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output
+    assert result.exit_code == 2 and result.stderr == "", result.output
+    errors = [line for line in result.stdout.splitlines() if line.startswith("error ")]
+    assert len(errors) == 1 and "; fix: " in errors[0], result.stdout
+    row = " ".join(errors[0].split())  # the table's column padding aside
+    for text in case.expect:
+        assert text in row, (text, row)
+    assert "p.yaml: 1 error(s), " in result.stdout
     assert snapshot(tmp_path) == before
 
 

@@ -84,7 +84,7 @@ def check_megatron_here(project: Project, models: list[str]) -> None:
         return
     from clustertrain.megatron.rules import megatron_findings
 
-    errors = [f for f in megatron_findings(project, models, {e.name: 1 for e in chosen}) if f.level == "error"]
+    errors = [f for f in megatron_findings(project, models) if f.level == "error"]
     if errors:
         raise LaunchError(str(errors[0]).removeprefix("error: "))
     have = local_gpus()

@@ -283,7 +283,7 @@ def check_submittable(project: Project, models: list[str], launch: LaunchConfig 
     plan = make_plan(project)
     errors = submit_blockers(project, models, plan)
     errors += [f for f in launch_findings(project, plan=plan, launch=launch, models=models) if f.level == "error"]
-    errors += [f for f in megatron_findings(project, models, nodes_for(project, plan)) if f.level == "error"]
+    errors += [f for f in megatron_findings(project, models) if f.level == "error"]
     if errors:
         lines = [f"{f.path}: {f.message}; fix: {f.fix}" for f in errors]
         raise LaunchError(f"submit refused ({len(errors)} problem{'s' if len(errors) > 1 else ''}):\n  " + "\n  ".join(lines))

@@ -6,8 +6,10 @@ Two levels, as for the built-in trainer:
   own divisibility rules on the architecture and layout (``validate_args`` in ``megatron/training/
   arguments.py`` at :data:`~clustertrain.megatron.config.MEGATRON_TAG`), and what only the built-in
   trainer offers (``compile``).
-* :func:`megatron_findings` — ``clustertrain check`` and ``submit`` (and ``run``), where the world size is
-  known: GPUs, global batch vs micro batch x dp, the tokenizer Megatron would load, the extra arguments.
+* :func:`megatron_findings` — ``clustertrain check`` and ``submit`` (and ``run``): GPUs, the tokenizer Megatron
+  would load, the extra arguments, the image. The global batch against micro batch x dp (which Megatron checks when
+  it builds its micro-batch calculator, not in ``validate_args``) is the plan's rule for both frameworks: the
+  project's load for one cluster, :mod:`clustertrain.plan.preflight` for each model's planned node count.
 
 ======================================================  =========================================
 rule (Megatron's assert or failure)                     field
@@ -19,7 +21,6 @@ virtual stages need more than 2 layers... (pp > 2)     ``parallelism.virtual_sta
 seq_len <= max_position_embeddings                      ``megatron.max_position_embeddings``
 compile is the built-in trainer's                       ``parallelism.compile``
 no GPUs (Megatron-LM trains on CUDA only)              ``cluster.gpus_per_node``
-global_batch divisible by micro_batch x dp              ``training.global_batch``
 a Hugging Face tokenizer directory Megatron can load    ``data.tokenizer``
 (``AutoTokenizer.from_pretrained`` of the directory:
 ``tokenizer.json`` and ``tokenizer_config.json``)
@@ -62,23 +63,12 @@ def structure_problems(entry: "ModelEntry") -> list[tuple[str, str]]:
 
 
 def framework_findings(project: "Project") -> list[Finding]:
-    """``clustertrain check``'s framework section: :func:`megatron_findings` on every model's node count."""
-    if not any(e.framework == "megatron" for e in project.models):
-        return []
-    from clustertrain.errors import ClusterTrainError
-    from clustertrain.plan.nodes import nodes_for
-
-    try:
-        nodes = nodes_for(project)
-    except ClusterTrainError:
-        nodes = None  # the plan section reports it
-    return megatron_findings(project, None, nodes)
+    """``clustertrain check``'s framework section: :func:`megatron_findings` for every model."""
+    return megatron_findings(project)
 
 
-def megatron_findings(project: "Project", models: list[str] | None = None,
-                      nodes: dict[str, int] | None = None) -> list[Finding]:
-    """Findings for the Megatron models of ``project`` (``models``: only these); ``nodes``: each model's node
-    count (:func:`clustertrain.plan.nodes.nodes_for`), from which dp follows."""
+def megatron_findings(project: "Project", models: list[str] | None = None) -> list[Finding]:
+    """Findings for the Megatron models of ``project`` (``models``: only these)."""
     chosen = [(i, e) for i, e in enumerate(project.models)
               if e.framework == "megatron" and (models is None or e.name in models)]
     if not chosen:
@@ -91,17 +81,6 @@ def megatron_findings(project: "Project", models: list[str] | None = None,
                            "(the built-in trainer runs on CPU workers)"))
     for i, entry in chosen:
         where = f"models[{i}]"
-        n = (nodes or {}).get(entry.name) or entry.plan.nodes or project.cluster.nodes
-        world = n * project.cluster.ranks_per_node
-        par, t = entry.parallelism, entry.training
-        mp = par.tp * par.pp
-        if world % mp == 0:
-            dp = world // mp
-            if t.global_batch % (t.micro_batch * dp):
-                out.append(Finding("error", f"{where}.training.global_batch",
-                                   f"{entry.name}: {t.global_batch} is not divisible by micro_batch x dp = "
-                                   f"{t.micro_batch} x {dp} on {n} node(s) (Megatron asserts it)",
-                                   f"use a multiple of {t.micro_batch * dp}"))
         out += tokenizer_findings(where, entry)
         out += extra_arg_findings(where, entry)
     out += image_findings(project, chosen)

@@ -5,7 +5,7 @@ Public API (loaded lazily: project.py imports ``clustertrain.plan.config`` while
 being imported, so this package must not import project-dependent modules eagerly):
 ``make_plan``, ``Plan``, ``ModelPlan``, ``ClusterTotals``, ``render_plan``, ``Calibration``,
 ``load_catalog``, ``Instance``, ``ModelShape``, ``parameter_tensors``, ``MemoryEstimate``, ``estimate_memory``,
-``trainer_state_bytes``, ``ModelSpec``, ``Hardware``, ``evaluate``.
+``trainer_state_bytes``, ``estimate_megatron_memory`` (a Megatron-LM model's), ``ModelSpec``, ``Hardware``, ``evaluate``.
 
 The functions ``calibrate`` and ``allocate`` share their module's name: import them from
 ``clustertrain.plan.calibrate`` and ``clustertrain.plan.allocate`` (as a package attribute, the
@@ -30,6 +30,7 @@ _PUBLIC = {
     "trainer_state_bytes": "clustertrain.plan.memory",
     "MemoryEstimate": "clustertrain.plan.memory",
     "estimate_memory": "clustertrain.plan.memory",
+    "estimate_megatron_memory": "clustertrain.plan.megatron_memory",
     "ModelSpec": "clustertrain.plan.allocate",
     "Hardware": "clustertrain.plan.allocate",
     "evaluate": "clustertrain.plan.allocate",

@@ -9,8 +9,13 @@ size divisible by tp x pp, a fixed ``dp`` matching), ``global_batch`` is divisib
 ``micro_batch x dp``, the memory fits (:mod:`clustertrain.plan.memory`) and the deadline is met.
 Layout problems name their field, e.g. ``models[6].parallelism.tp: ...``.
 
+Memory: the built-in trainer's model (:func:`clustertrain.plan.memory.estimate_memory`), or for a Megatron-LM
+model Megatron's (:func:`clustertrain.plan.megatron_memory.estimate_megatron_memory`: distributed optimizer,
+pipeline stages and the micro-batches they hold in flight).
+
 Time: training FLOPs = flops_per_token x tokens (the trainer's MFU formula); time on g GPUs =
-FLOPs / (g x peak x MFU). Allocation: the smallest makespan T is found over all candidate finish
+FLOPs / (g x peak x MFU), times 1 + the pipeline bubble (pp - 1) / (vp x m) for a Megatron model with
+pp > 1 (m = global_batch / (micro_batch x dp) micro-batches per step). Allocation: the smallest makespan T is found over all candidate finish
 times (the least T for which the per-model minimum counts fit the cluster); nodes still free then go
 one valid step at a time to the model that finishes last.
 """
@@ -19,7 +24,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from clustertrain.plan.frameworks import BUILTIN, Framework
+from clustertrain.plan.frameworks import BUILTIN, MEGATRON, Framework
+from clustertrain.plan.megatron_memory import (
+    estimate_megatron_memory,
+    megatron_layout,
+    megatron_layout_text,
+    microbatches,
+    pipeline_bubble,
+    pipeline_problems,
+)
 from clustertrain.plan.memory import GiB, MemoryEstimate, estimate_memory, memory_budget
 from clustertrain.plan.shape import ModelShape
 from clustertrain.train.config import ArchConfig, ParallelismConfig
@@ -62,6 +75,11 @@ class ModelSpec:
     def param_dtype(self) -> str:
         return param_dtype_for(self.parallelism, self.on_gpu)
 
+    @property
+    def megatron(self) -> bool:
+        """Planned with Megatron-LM's memory and pipeline arithmetic."""
+        return self.framework.name == MEGATRON.name
+
     def path(self, name: str) -> str:
         """``models[i].<name>`` (``<name>`` when the spec has no project index)."""
         return name if self.index is None else f"models[{self.index}].{name}"
@@ -95,6 +113,8 @@ class Evaluation:
     seconds: float | None
     step_seconds: float | None
     reasons: list[str] = field(default_factory=list)
+    microbatches: int | None = None    # per step and data-parallel rank: global_batch / (micro_batch x dp)
+    bubble: float = 0.0                # pipeline bubble, a fraction of the step's compute (Megatron, pp > 1)
 
     @property
     def ok(self) -> bool:
@@ -107,6 +127,8 @@ def layout_problems(spec: ModelSpec, hw: Hardware) -> list[str]:
     found = spec.framework.problems(spec.parallelism, spec.param_dtype)
     found += structure_problems(spec.architecture(), spec.parallelism)
     found += node_problems(spec.parallelism, hw.gpus_per_node)
+    if spec.framework.pp is None:
+        found += pipeline_problems(spec.shape, spec.parallelism.pp, spec.parallelism.virtual_stages)
     return [f"{spec.path(f)}: {message}" for f, message in found]
 
 
@@ -117,32 +139,44 @@ def evaluate(spec: ModelSpec, hw: Hardware, gpus: int) -> Evaluation:
     nodes = gpus / hw.gpus_per_node
     where = f"{nodes:g} node(s) x {hw.gpus_per_node} = {gpus} GPUs"
     layout = None
+    m = None
+    bubble = 0.0
     world = world_problems(par, gpus)
     if world:
         reasons += [f"{spec.path(f)}: {message} ({where})" for f, message in world]
     else:
         layout = resolve_layout(par, gpus, spec.on_gpu)
+        if spec.megatron:
+            layout = megatron_layout(layout, par.reduce_dtype)
+            m = microbatches(spec.global_batch, spec.micro_batch, layout.dp)
+            bubble = pipeline_bubble(layout.pp, par.virtual_stages, m)
         if spec.global_batch % (spec.micro_batch * layout.dp):
             reasons.append(f"global_batch {spec.global_batch} is not a multiple of micro_batch x dp = "
                            f"{spec.micro_batch} x {layout.dp} on {where}")
     memory = budget = None
     if layout is not None and not structural:
-        memory = estimate_memory(spec.shape, layout, spec.micro_batch, spec.flash_attention, hw.framework_gib)
+        if spec.megatron:
+            memory = estimate_megatron_memory(spec.shape, layout, spec.micro_batch, m, par.virtual_stages,
+                                              spec.flash_attention, hw.framework_gib)
+        else:
+            memory = estimate_memory(spec.shape, layout, spec.micro_batch, spec.flash_attention, hw.framework_gib)
         if hw.gpu_memory_gib is not None:
             budget = memory_budget(hw.gpu_memory_gib, hw.headroom)
             if memory.total_bytes > budget:
+                described = megatron_layout_text(layout, par.virtual_stages) if spec.megatron else layout.describe()
                 reasons.append(
-                    f"does not fit: needs {memory.total_bytes / GiB:.1f} GiB per GPU ({layout.describe()}) but "
+                    f"does not fit: needs {memory.total_bytes / GiB:.1f} GiB per GPU ({described}) but "
                     f"{budget / GiB:.1f} GiB is usable ({hw.gpu_memory_gib:g} GiB less {hw.headroom:.0%} headroom); "
                     f"{_memory_hint(spec, hw)}"
                 )
     seconds = step = None
     if hw.peak_flops:
-        seconds = spec.total_flops / (gpus * hw.peak_flops * spec.mfu)
-        step = spec.shape.flops_per_token() * spec.global_batch * spec.shape.seq_len / (gpus * hw.peak_flops * spec.mfu)
+        seconds = spec.total_flops / (gpus * hw.peak_flops * spec.mfu) * (1 + bubble)
+        step = (spec.shape.flops_per_token() * spec.global_batch * spec.shape.seq_len / (gpus * hw.peak_flops * spec.mfu)
+                * (1 + bubble))
         if spec.deadline_days is not None and seconds > spec.deadline_days * DAY:
             reasons.append(f"takes {seconds / DAY:.1f} days on {where}, over the deadline of {spec.deadline_days:g} days")
-    return Evaluation(gpus, layout, memory, budget, seconds, step, reasons)
+    return Evaluation(gpus, layout, memory, budget, seconds, step, reasons, m, bubble)
 
 
 def _next_tp(spec: ModelSpec, hw: Hardware) -> int | None:
@@ -157,13 +191,21 @@ def _next_tp(spec: ModelSpec, hw: Hardware) -> int | None:
     return None
 
 
+def _next_pp(spec: ModelSpec) -> int | None:
+    """The smallest pp above the model's that divides its layers (a framework with pipeline parallelism)."""
+    layers = spec.shape.layers
+    return next((pp for pp in range(spec.parallelism.pp + 1, layers + 1) if layers % pp == 0), None)
+
+
 def _memory_hint(spec: ModelSpec, hw: Hardware) -> str:
     """What could make the model fit, among what its framework implements (fields of models[i])."""
     fw, par = spec.framework, spec.parallelism
     tips = []
-    if par.zero_stage == 0 and 3 in fw.zero_stages:
+    if par.zero_stage == 0 and spec.megatron:
+        tips.append("parallelism.zero_stage: 1 (the distributed optimizer)")
+    elif par.zero_stage == 0 and 3 in fw.zero_stages:
         tips.append("parallelism.zero_stage: 3")
-    elif par.zero_stage == 3 and not par.reshard_after_forward:
+    elif par.zero_stage == 3 and not par.reshard_after_forward and not spec.megatron:
         tips.append("parallelism.reshard_after_forward: true")
     if par.recompute != "full" and len(fw.recompute) > 1:
         want = "selective" if par.recompute == "none" and "selective" in fw.recompute else "full"
@@ -172,6 +214,9 @@ def _memory_hint(spec: ModelSpec, hw: Hardware) -> str:
     tp = _next_tp(spec, hw) if 3 in fw.zero_stages else None
     if tp is not None:
         tips.append(f"parallelism.tp: {tp}" + (" with sequence_parallel: true" if fw.sequence_parallel else ""))
+    pp = _next_pp(spec) if fw.pp is None else None
+    if pp is not None:
+        tips.append(f"parallelism.pp: {pp}")
     if spec.micro_batch > 1:
         tips.append("a smaller training.micro_batch")
     if tips:

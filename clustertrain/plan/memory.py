@@ -1,4 +1,5 @@
-"""Memory per rank of the built-in trainer for a :class:`~clustertrain.train.layout.ParallelLayout`.
+"""Memory per rank of the built-in trainer for a :class:`~clustertrain.train.layout.ParallelLayout`
+(a Megatron-LM model's: :mod:`clustertrain.plan.megatron_memory`, which reuses the activations per block below).
 
 Notation: h hidden, f ffn_dim, a heads, s seq_len, b micro_batch, L layers, V vocab, t = tp,
 d = dp, e = bytes per activation element (2 with ``param_dtype: bf16``, 4 with fp32).

@@ -8,8 +8,11 @@ another, each on ``models[].plan.nodes`` or ``cluster.nodes``.
 Each model is planned with its ``models[].parallelism`` section, the one the trainer reads, resolved
 into a :class:`~clustertrain.train.layout.ParallelLayout` on the node count it gets
 (``ModelPlan.layout``); a setting its framework (:mod:`clustertrain.plan.frameworks`) lacks makes it
-infeasible. The price applies only in the project's region (``aws.region``, else ``storage.region``);
-a catalog price taken elsewhere is shown as such and not used for costs.
+infeasible. A Megatron-LM model (``models[].framework: megatron``) is planned with Megatron's arithmetic
+(:mod:`clustertrain.plan.megatron_memory`: its vocabulary padding, distributed optimizer, pipeline stages
+and bubble) and its layout said in Megatron's words (``tp 2 x pp 4 (vp 2) x dp 11, distributed optimizer``).
+The price applies only in the project's region (``aws.region``, else ``storage.region``); a catalog price
+taken elsewhere is shown as such and not used for costs.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from typing import Any
 from clustertrain.errors import ConfigError
 from clustertrain.plan.allocate import DAY, Allocation, Evaluation, Hardware, ModelSpec, allocate, evaluate
 from clustertrain.plan.catalog import Instance, find_instance, load_catalog
-from clustertrain.plan.frameworks import framework_of
+from clustertrain.plan.frameworks import BUILTIN, MEGATRON, framework_of
+from clustertrain.plan.megatron_memory import MegatronMemory, megatron_layout_text, megatron_vocab
 from clustertrain.plan.shape import ModelShape, model_vocab
 from clustertrain.train.layout import ParallelLayout
 
@@ -55,6 +59,10 @@ class ModelPlan:
     cost_usd: float | None
     reasons: list[str] = field(default_factory=list)
     framework: str = "builtin"
+    # Megatron-LM models (framework "megatron"); None for the built-in trainer:
+    microbatches: int | None = None      # per step and data-parallel rank, global_batch / (micro_batch x dp)
+    pipeline_bubble: float | None = None # (pp - 1) / (vp x microbatches): the step takes (1 + this) x its compute
+    memory_stage: str | None = None      # the most loaded pipeline stage: first | last
 
     @property
     def feasible(self) -> bool:
@@ -121,21 +129,27 @@ def model_spec(project, index: int, entry, default_mfu: float, cpu: bool) -> Mod
     """The planner's view of model ``index``: its shape, tokens and ``parallelism`` section."""
     mp, t, pc = entry.plan, entry.training, project.plan
     fw = framework_of(entry)
-    shape = ModelShape.from_arch(entry.model, _vocab(project, entry))
+    shape = ModelShape.from_arch(entry.model, _vocab(project, entry, fw))
     tokens = mp.tokens or t.max_steps * t.global_batch * entry.model.seq_len
+    flash = pc.flash_attention and fw.flash_attention and not cpu
+    if fw is MEGATRON:  # Megatron's local attention (no Transformer Engine) materialises the scores
+        flash = flash and entry.megatron_options.transformer_impl == "transformer_engine"
     return ModelSpec(
         name=entry.name, shape=shape, tokens=tokens, global_batch=t.global_batch, micro_batch=t.micro_batch,
         parallelism=entry.parallelism, arch=entry.model, on_gpu=not cpu,
-        flash_attention=pc.flash_attention and fw.flash_attention and not cpu,
+        flash_attention=flash,
         mfu=mp.assumed_mfu or pc.assumed_mfu or default_mfu, fixed_nodes=mp.nodes, deadline_days=mp.deadline_days,
         framework=fw, index=index,
     )
 
 
-def _vocab(project, entry) -> int:
-    """:func:`model_vocab`, whose tokenizer error (``data.tokenizer: ...``) is re-raised naming the project file
-    and the model: with several models the bare field does not say which one to fix."""
+def _vocab(project, entry, fw=BUILTIN) -> int:
+    """:func:`model_vocab` (Megatron: :func:`megatron_vocab`, padded to 128 x tp), whose tokenizer error
+    (``data.tokenizer: ...``) is re-raised naming the project file and the model: with several models the bare
+    field does not say which one to fix."""
     try:
+        if fw is MEGATRON:
+            return megatron_vocab(entry.model, entry.data.tokenizer, entry.parallelism.tp)
         return model_vocab(entry.model, entry.data.tokenizer)
     except ConfigError as e:
         field, sep, rest = str(e).partition(": ")
@@ -228,6 +242,13 @@ def _model_plan(spec: ModelSpec, alloc: Allocation, hw: Hardware, price: float |
     m.gpus, m.nodes = ev.gpus, ev.gpus / hw.gpus_per_node
     if ev.layout is not None:
         m.dp, m.layout, m.layout_text = ev.layout.dp, ev.layout.to_dict(), layout_text(ev.layout)
+        if spec.megatron:
+            vp = spec.parallelism.virtual_stages
+            mem = ev.memory if isinstance(ev.memory, MegatronMemory) else None
+            m.layout["virtual_stages"] = vp
+            m.layout_text = megatron_layout_text(ev.layout, vp, mem)
+            m.microbatches, m.pipeline_bubble = ev.microbatches, ev.bubble
+            m.memory_stage = mem.stage if mem is not None else None
     if ev.memory is not None:
         mem = ev.memory
         m.memory = {"params": mem.params, "weights": mem.weights_bytes, "grads": mem.grads_bytes,
@@ -267,11 +288,23 @@ def _assumptions(project, hw: Hardware, inst: Instance | None, mfu: float, calib
         out.append(f"{inst.gpu_model}: {inst.peak_bf16_tflops:g} TFLOP/s dense bf16 peak, MFU {mfu:.0%} "
                    f"({'plan.assumed_mfu' if p.assumed_mfu else 'catalog default'})")
     out.append("FLOPs per token: 6 x non-embedding parameters + 6 x layers x heads x head_dim x seq_len (the trainer's MFU formula)")
-    if hw.gpu_memory_gib is not None and project.cluster.gpus_per_node:
-        out.append(f"memory of rank 0: {p.headroom:.0%} of each GPU kept free; {p.framework_gib:g} GiB per GPU for CUDA "
+    builtin = [sp for sp in specs if not sp.megatron]
+    megatron = [sp.name for sp in specs if sp.megatron]
+    if hw.gpu_memory_gib is not None and project.cluster.gpus_per_node and builtin:
+        whom = "" if not megatron else f" ({', '.join(sp.name for sp in builtin)})"
+        out.append(f"memory of rank 0{whom}: {p.headroom:.0%} of each GPU kept free; {p.framework_gib:g} GiB per GPU for CUDA "
                    f"context/NCCL buffers; {'flash' if p.flash_attention else 'materialised'} attention; fp32 parameters, "
                    "gradients and AdamW states (4+4+8 bytes per element of the local shard + 4 per tensor), sharded over dp "
                    "with zero_stage 3; buffers: DDP gradient buckets and autocast copy, FSDP2 gathered blocks (plan/memory.py)")
+    if hw.gpu_memory_gib is not None and project.cluster.gpus_per_node and megatron:
+        out.append(f"memory of the most loaded rank ({', '.join(megatron)}: Megatron-LM, the first or last pipeline stage): "
+                   f"{p.headroom:.0%} of each GPU kept free; {p.framework_gib:g} GiB per GPU for CUDA context/NCCL/Transformer "
+                   "Engine workspaces; bf16 weights 2 + fp32 main gradients 4 (2 with reduce_dtype bf16) + fp32 main weights "
+                   "and Adam m, v 12 bytes per parameter (the AdamW column), the 12 sharded over dp by the distributed "
+                   "optimizer (zero_stage >= 1: 6 + 12/dp, else 18), parameters split over tp and pp; activations of the "
+                   "micro-batches a stage holds under 1F1B (Megatron's theoretical_memory_usage.py; plan/megatron_memory.py)")
+        out.append(f"time ({', '.join(megatron)}): the same FLOPs per token and MFU, times 1 + the pipeline bubble "
+                   "(pp - 1) / (vp x micro-batches per step)")
     if price is not None:
         out.append(f"price: ${price.per_hour:,.2f}/h per {inst.name}, {price.kind}, {price.region}, taken {price.date}"
                    + (f" ({price.source})" if price.source else "") + "; prices drift — override with plan.price")

@@ -8,7 +8,12 @@ planned node count: world, dp, tp, pp, zero_stage, ... — null when no count is
 and ``memory`` (rank 0: ``params`` elements and bytes of weights, grads, optimizer, activations,
 buffers, framework, total); the cluster carries ``region`` and ``price_note`` (why no price applies,
 when none does). Version 2 replaced version 1's ``tp``/``pp``/``zero_stage``/``recompute``/
-``bf16_weights``/``adjustments`` by ``parallelism`` and ``layout``.
+``bf16_weights``/``adjustments`` by ``parallelism`` and ``layout``. A Megatron-LM model (``framework:
+"megatron"``) also carries ``microbatches`` (per step and data-parallel rank), ``pipeline_bubble`` (a fraction
+of the step's compute, included in its step time) and ``memory_stage`` (the most loaded pipeline stage whose
+``memory`` is shown: ``first`` or ``last``); its ``layout`` adds ``virtual_stages`` and its ``layout_text`` is in
+Megatron's words. The table and Markdown add a ``framework`` column when a model is not the built-in trainer's,
+and a time-per-step line for each Megatron model.
 """
 
 from __future__ import annotations
@@ -111,6 +116,44 @@ def duration(days: float | None) -> str:
     return f"{days * 1440:.1f} min"
 
 
+def model_columns(plan: Plan) -> tuple[str, ...]:
+    """:data:`MODEL_COLUMNS`, with ``framework`` after ``model`` when a model is not the built-in trainer's."""
+    if _framework_column(plan):
+        return (MODEL_COLUMNS[0], "framework", *MODEL_COLUMNS[1:])
+    return MODEL_COLUMNS
+
+
+def _framework_column(plan: Plan) -> bool:
+    return any(m.framework != "builtin" for m in plan.models)
+
+
+def _row(plan: Plan, m: ModelPlan) -> list[str]:
+    row = model_row(m)
+    return [row[0], m.framework, *row[1:]] if _framework_column(plan) else row
+
+
+def _memory_title(plan: Plan) -> str:
+    return "memory per GPU (the most loaded rank)" if _framework_column(plan) else "memory per GPU (rank 0, the most loaded)"
+
+
+def time_lines(plan: Plan) -> list[str]:
+    """A Megatron model's step: compute at the assumed MFU plus the pipeline bubble (pp - 1) / (vp x m)."""
+    out = []
+    for m in plan.models:
+        if m.framework != "megatron" or m.step_time_s is None or m.pipeline_bubble is None:
+            continue
+        pp, vp = m.parallelism["pp"], m.parallelism.get("virtual_stages", 1)
+        if pp == 1:
+            out.append(f"{m.name} (megatron): {m.step_time_s:.2f}s per step at {m.mfu:.0%} MFU; no pipeline bubble (pp 1), "
+                       f"{m.microbatches} micro-batch(es) of {m.micro_batch} per data-parallel rank")
+            continue
+        compute = m.step_time_s / (1 + m.pipeline_bubble)
+        out.append(f"{m.name} (megatron): {m.step_time_s:.2f}s per step = {compute:.2f}s compute at {m.mfu:.0%} MFU + "
+                   f"{m.step_time_s - compute:.2f}s pipeline bubble (pp {pp} - 1) / ({f'vp {vp} x ' if vp > 1 else ''}"
+                   f"{m.microbatches} micro-batches) = {m.pipeline_bubble:.1%}")
+    return out
+
+
 def model_row(m: ModelPlan) -> list[str]:
     mem = m.memory or {}
     total = mem.get("total")
@@ -134,6 +177,9 @@ def short_layout(m: ModelPlan) -> str:
     if m.layout_text:
         return m.layout_text.split(", ")[0]
     par = m.parallelism
+    if m.framework == "megatron":
+        vp = par.get("virtual_stages", 1)
+        return f"tp {par['tp']} x pp {par['pp']}" + (f" (vp {vp})" if vp > 1 else "") + " x dp ?"
     kind = "fsdp" if par["zero_stage"] == 3 else "ddp"
     return f"{kind} ?" + (f" x tp {par['tp']}" + (" +sp" if par["sequence_parallel"] else "") if par["tp"] > 1 else "")
 
@@ -168,19 +214,24 @@ def _table(plan: Plan) -> str:
     for k, v in cluster_lines(plan):
         cluster.add_row(k, v)
     console.print(cluster)
-    models = Table(*MODEL_COLUMNS, title="models")
+    models = Table(*model_columns(plan), title="models")
     for m in plan.models:
-        models.add_row(*model_row(m))
+        models.add_row(*_row(plan, m))
     console.print(models)
     rows = [r for r in (memory_row(m) for m in plan.models) if r]
     if rows:
-        memory = Table(*MEMORY_COLUMNS, title="memory per GPU (rank 0, the most loaded)")
+        memory = Table(*MEMORY_COLUMNS, title=_memory_title(plan))
         for r in rows:
             memory.add_row(*r)
         console.print(memory)
     summary = _allocation_summary(plan)
     if summary:
         console.print(f"allocation: {summary} nodes")
+    times = time_lines(plan)
+    if times:
+        console.print("time per step:")
+        for line in times:
+            console.print(f"  - {line}")
     for line in _verdict(plan):
         console.print(line)
     console.print("assumptions:")
@@ -193,16 +244,21 @@ def _table(plan: Plan) -> str:
 def _markdown(plan: Plan) -> str:
     lines = [f"# Plan: {plan.project}", "", "| | |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in cluster_lines(plan)]
-    lines += ["", "| " + " | ".join(MODEL_COLUMNS) + " |", "|" + "---|" * len(MODEL_COLUMNS)]
-    lines += ["| " + " | ".join(model_row(m)) + " |" for m in plan.models]
+    columns = model_columns(plan)
+    lines += ["", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_row(plan, m)) + " |" for m in plan.models]
     rows = [r for r in (memory_row(m) for m in plan.models) if r]
     if rows:
-        lines += ["", "Memory per GPU (rank 0, the most loaded):", "", "| " + " | ".join(MEMORY_COLUMNS) + " |",
+        title = _memory_title(plan)
+        lines += ["", f"{title[0].upper()}{title[1:]}:", "", "| " + " | ".join(MEMORY_COLUMNS) + " |",
                   "|" + "---|" * len(MEMORY_COLUMNS)]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
     summary = _allocation_summary(plan)
     if summary:
         lines += ["", f"Allocation: {summary} nodes"]
+    times = time_lines(plan)
+    if times:
+        lines += ["", "Time per step:", ""] + [f"- {t}" for t in times]
     verdict = _verdict(plan)
     if verdict:
         lines += [""] + [f"- {v}" for v in verdict]

@@ -52,12 +52,7 @@ def stage_dataset(cfg: DataConfig, datasets_root: Path, console=None, store_opti
         report = validate_dataset(cfg.source, vocab_size=tokenizer.vocab_size, tokenizer=tokenizer.identity)
         report.raise_for_problems()
         return Path(cfg.source)
-    if cfg.source.startswith("builtin:"):
-        inputs = [builtin_corpus(cfg.source)]
-        stem = cfg.source.removeprefix("builtin:")
-    else:
-        inputs = resolve_inputs(cfg.source)
-        stem = Path(inputs[0]).name.split(".")[0] or "data"
+    inputs, stem = _raw_inputs(cfg)
     prefix = Path(datasets_root) / f"{stem}-{_inputs_key(inputs, tokenizer, cfg)}" / stem
     prefix.parent.mkdir(parents=True, exist_ok=True)
     prepare_dataset(inputs, prefix, tokenizer, json_key=cfg.json_key, workers=cfg.workers, console=console)
@@ -84,13 +79,16 @@ def expected_prefix(cfg: DataConfig, datasets_root: Path) -> Path:
     if is_prepared_prefix(cfg.source):
         return Path(cfg.source)
     tokenizer = load_tokenizer(cfg.tokenizer)
-    if cfg.source.startswith("builtin:"):
-        inputs = [builtin_corpus(cfg.source)]
-        stem = cfg.source.removeprefix("builtin:")
-    else:
-        inputs = resolve_inputs(cfg.source)
-        stem = Path(inputs[0]).name.split(".")[0] or "data"
+    inputs, stem = _raw_inputs(cfg)
     return Path(datasets_root) / f"{stem}-{_inputs_key(inputs, tokenizer, cfg)}" / stem
+
+
+def _raw_inputs(cfg: DataConfig) -> tuple[list, str]:
+    """The files a raw (or built-in) source names, and the stem of its prefix."""
+    if cfg.source.startswith("builtin:"):
+        return [builtin_corpus(cfg.source)], cfg.source.removeprefix("builtin:")
+    inputs = resolve_inputs(cfg.source)
+    return inputs, Path(inputs[0]).name.split(".")[0] or "data"
 
 
 def _inputs_key(inputs, tokenizer, cfg: DataConfig) -> str:

@@ -393,14 +393,21 @@ def check_outcome(case: Case, code: int, out: str, err: str) -> None:
         assert text not in lines[0], (text, lines[0])
 
 
-@pytest.mark.parametrize("case", params())
-def test_bad_input_is_one_line_exit_2_and_writes_nothing(case: Case, tmp_path, monkeypatch):
+def invoke(case: Case, tmp_path, monkeypatch):
+    """Run the case's command in ``tmp_path`` (its files written first); return the result and a snapshot of
+    ``tmp_path`` taken before the command ran."""
     monkeypatch.delenv("CLUSTERTRAIN_DEBUG", raising=False)
     monkeypatch.chdir(tmp_path)
     materialize(case, tmp_path)
     before = snapshot(tmp_path)
     result = CliRunner().invoke(app, list(case.argv), prog_name="clustertrain")
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result, before
+
+
+@pytest.mark.parametrize("case", params())
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(case: Case, tmp_path, monkeypatch):
+    result, before = invoke(case, tmp_path, monkeypatch)
     check_outcome(case, result.exit_code, result.stdout, result.stderr)
     assert snapshot(tmp_path) == before
 
@@ -480,12 +487,7 @@ def check_params():
 def test_check_reports_one_error_row_and_writes_nothing(case: Case, tmp_path, monkeypatch):
     """`check` exits 2 with exactly one error row (level, section, field, problem; fix), warnings aside, and a
     summary naming the file; nothing on stderr, nothing written."""
-    monkeypatch.delenv("CLUSTERTRAIN_DEBUG", raising=False)
-    monkeypatch.chdir(tmp_path)
-    materialize(case, tmp_path)
-    before = snapshot(tmp_path)
-    result = CliRunner().invoke(app, list(case.argv), prog_name="clustertrain")
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    result, before = invoke(case, tmp_path, monkeypatch)
     assert "Traceback" not in result.output
     assert result.exit_code == 2 and result.stderr == "", result.output
     errors = [line for line in result.stdout.splitlines() if line.startswith("error ")]

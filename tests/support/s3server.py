@@ -1,8 +1,7 @@
-"""Start moto's S3 server on 127.0.0.1 (real HTTP) for tests and benches, plus a cuttable TCP proxy.
+"""Start moto's S3 server on 127.0.0.1 (real HTTP) for tests and benches (a proxy that cuts the connection:
+:class:`tests.support.faults.CuttableProxy`).
 
 ``s3_server()`` yields the endpoint URL of a fresh ``moto_server`` on a free port and stops it after.
-``TcpProxy`` forwards a local port to the server; ``stop()`` drops every connection and the listener,
-which is what a client sees when the endpoint goes away mid-transfer.
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -67,66 +65,6 @@ def s3_server(timeout_s: float = 20.0) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-class TcpProxy:
-    """Forward 127.0.0.1:<port> to ``upstream`` (host, port) until :meth:`stop`."""
-
-    def __init__(self, upstream: tuple[str, int]) -> None:
-        self.upstream = upstream
-        self._listener = socket.socket()
-        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind(("127.0.0.1", 0))
-        self._listener.listen(64)
-        self.port = self._listener.getsockname()[1]
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self._sockets: list[socket.socket] = []
-        self._lock = threading.Lock()
-        self._stopped = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self._stopped:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            try:
-                server = socket.create_connection(self.upstream)
-            except OSError:
-                client.close()
-                continue
-            with self._lock:
-                if self._stopped:
-                    client.close()
-                    server.close()
-                    return
-                self._sockets += [client, server]
-            for a, b in ((client, server), (server, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while chunk := src.recv(65536):
-                dst.sendall(chunk)
-        except OSError:
-            pass
-        finally:
-            with contextlib.suppress(OSError):
-                dst.shutdown(socket.SHUT_WR)
-
-    def stop(self) -> None:
-        """Close the listener and every open connection (clients then get resets / refusals)."""
-        self._stopped = True
-        with self._lock:
-            socks, self._sockets = self._sockets, []
-        with contextlib.suppress(OSError):
-            self._listener.close()
-        for sock in socks:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
 
 
 def dummy_env(**extra: str) -> dict[str, str]:

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from clustertrain.storage import StoreConfig, sync, verify
-from tests.support.s3server import TcpProxy, dummy_env
+from tests.support.faults import CuttableProxy
+from tests.support.s3server import dummy_env
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[3]
@@ -76,13 +77,13 @@ def test_endpoint_vanishing_mid_sync_fails_cleanly(tmp_path, bucket, options, s3
     src = tmp_path / "src"
     make_tree(src, 300)
     host, port = options.endpoint_url.removeprefix("http://").split(":")
-    proxy = TcpProxy((host, int(port)))
+    proxy = CuttableProxy((host, int(port)))
     url = f"s3://{bucket}/cut"
     proc = start_sync(src, url, proxy.endpoint, AWS_MAX_ATTEMPTS="2")
     try:
         wait_for_objects(s3_client, bucket, "cut/", 30, proc)
     finally:
-        proxy.stop()
+        proxy.close()  # the endpoint goes away: open connections reset, new ones refused
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 2
     assert stderr.count("\n") == 1 and "cannot reach the S3 endpoint" in stderr and "Traceback" not in stderr

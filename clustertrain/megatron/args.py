@@ -37,8 +37,6 @@ if TYPE_CHECKING:
 
 #: Megatron's null tokenizer with this --vocab-size has its end-of-document id where the byte tokenizer has it
 BYTE_VOCAB_WITHOUT_EOD = 256
-#: recompute: full → whole blocks recomputed one at a time (uniform method, 1 layer per recompute unit)
-FULL_RECOMPUTE = ("--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1")
 
 
 @dataclass(frozen=True)
@@ -67,12 +65,17 @@ def _tokenizer_type(c: MegatronContext) -> str:
     return "NullTokenizer" if c.entry.data.tokenizer == "byte" else "HuggingFaceTokenizer"
 
 
-def _tokenizer_dir(c: MegatronContext) -> str | None:
-    spec = c.entry.data.tokenizer
+def tokenizer_dir(spec: str) -> Path | None:
+    """The directory Megatron's HuggingFaceTokenizer loads for ``data.tokenizer`` (None for ``byte``)."""
     if spec == "byte":
         return None
     path = Path(spec.removeprefix("hf:"))
-    return str(path if path.is_dir() else path.parent)
+    return path if path.is_dir() else path.parent
+
+
+def _tokenizer_dir(c: MegatronContext) -> str | None:
+    found = tokenizer_dir(c.entry.data.tokenizer)
+    return None if found is None else str(found)
 
 
 def _valid_share(split: str) -> float:
@@ -99,11 +102,6 @@ def _exit_signal(c: MegatronContext) -> str:
     from clustertrain.launch.config import launch_config_of
 
     return f"SIG{launch_config_of(c.project).signal}"
-
-
-def _recompute(c: MegatronContext) -> Any:
-    mode = c.entry.parallelism.recompute
-    return True if mode == "selective" else list(FULL_RECOMPUTE[1:]) if mode == "full" else None
 
 
 @dataclass(frozen=True)
@@ -225,12 +223,6 @@ def megatron_args(ctx: MegatronContext) -> list[str]:
     """The ``pretrain_gpt.py`` arguments of ``ctx.entry``: :data:`FLAGS`, then ``megatron.extra_args``."""
     out: list[str] = []
     for flag in FLAGS:
-        if flag.option in ("--recompute-method", "--recompute-num-layers"):
-            continue  # rendered with --recompute-granularity
-        if flag.option == "--recompute-granularity":
-            value = _recompute(ctx)
-            out += _words(flag.option, value) if isinstance(value, list) else []
-            continue
         out += _words(flag.option, flag.value(ctx))
     return out + list(ctx.entry.megatron_options.extra_args)
 

@@ -31,7 +31,6 @@ one clustertrain renders
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from clustertrain.findings import Finding
@@ -123,11 +122,11 @@ def tokenizer_findings(where: str, entry: "ModelEntry") -> list[Finding]:
     """``byte`` maps to Megatron's NullTokenizer; a ``tokenizer.json`` to HuggingFaceTokenizer of its directory,
     which Megatron loads with ``transformers.AutoTokenizer.from_pretrained`` — that needs a
     ``tokenizer_config.json`` naming the tokenizer class beside ``tokenizer.json``."""
-    spec = entry.data.tokenizer
-    if spec == "byte":
+    from clustertrain.megatron.args import tokenizer_dir
+
+    directory = tokenizer_dir(entry.data.tokenizer)
+    if directory is None:
         return []
-    path = Path(spec.removeprefix("hf:"))
-    directory = path if path.is_dir() else path.parent
     if not directory.is_dir():
         return []  # the data section reports a missing tokenizer
     if not (directory / "tokenizer.json").is_file():

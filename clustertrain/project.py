@@ -54,8 +54,14 @@ from clustertrain.plan.config import ModelPlanConfig, PlanConfig
 from clustertrain.schema import (
     StrictModel, format_validation_error, leading_loc, read_yaml, require_mapping, validate_model,
 )
-from clustertrain.train.config import ArchConfig, ParallelismConfig, TrainingConfig, builtin_problems
-from clustertrain.train.layout import node_problems, structure_problems, world_problems
+from clustertrain.train.config import (
+    ArchConfig,
+    ParallelismConfig,
+    TrainingConfig,
+    builtin_problems,
+    microbatch_problems,
+)
+from clustertrain.train.layout import node_problems, pipeline_problems, structure_problems, world_problems
 
 #: prefixes below aws.buckets.checkpoints / aws.buckets.data that runs write by default
 CHECKPOINT_PREFIX = "checkpoints"
@@ -226,7 +232,7 @@ class ModelEntry(StrictModel):
         if self.data.blend:
             out.append(("data.blend", "the built-in trainer reads one dataset; use data.source, or framework: megatron "
                                       "(Megatron-LM mixes a blend by weight)"))
-        return out + builtin_problems(self.parallelism)
+        return out + pipeline_problems(self.model, self.parallelism) + builtin_problems(self.parallelism, self.model)
 
     @field_validator("name")
     @classmethod
@@ -300,6 +306,8 @@ class Project(StrictModel):
                     f"models[{i}].training.global_batch ({t.global_batch}) must be a multiple of micro_batch x dp "
                     f"({t.micro_batch} x {dp} = {t.micro_batch * dp})"
                 )
+            for field, problem in microbatch_problems(p, t.global_batch // (t.micro_batch * dp))[:1]:
+                raise ValueError(f"models[{i}].{field}: {problem}")
         return self
 
     # ----- helpers used by several stages -----

@@ -50,6 +50,9 @@ def structure_problems(entry: "ModelEntry") -> list[tuple[str, str]]:
         per = arch.layers // par.pp
         out.append(("parallelism.virtual_stages", f"virtual_stages={par.virtual_stages} does not divide the {per} layers "
                                                   f"of each pipeline stage; valid: {_divisors(per)}"))
+    if par.pp > 1 and par.schedule == "gpipe":
+        out.append(("parallelism.schedule", "gpipe is the built-in trainer's; Megatron-LM runs 1f1b (interleaved_1f1b with "
+                                            "virtual_stages > 1): set schedule: 1f1b"))
     if par.compile:
         out.append(("parallelism.compile", "compile is the built-in trainer's (torch.compile per block); Megatron-LM "
                                            "uses its own fused kernels: remove compile"))

@@ -6,9 +6,9 @@ Layout below ``RUN_DIR/checkpoints/``::
       __<R>_0.distcp        DCP data: what rank R wrote (its local shards; a replicated tensor once)
       .metadata             DCP index: every tensor's global shape and which file holds which chunk
       meta.json             :class:`CheckpointMeta` — written LAST:
-                            {"format": "clustertrain-checkpoint", "version": 2, "clustertrain": "0.2.0",
+                            {"format": "clustertrain-checkpoint", "version": 3, "clustertrain": "0.2.0",
                              "step": 40, "consumed_samples": 640, "world_size": 4,
-                             "layout": {"world": 4, "dp": 2, "tp": 2, "zero_stage": 3, ...},
+                             "layout": {"world": 4, "dp": 2, "tp": 2, "pp": 1, "zero_stage": 3, ...},
                              "fingerprint": "3f2a09c1d4e5b6a7", "project": "p", "model": "tiny",
                              "time": 1795000000.0,
                              "files": {".metadata": 5784, "__0_0.distcp": 2353355, ...}}
@@ -63,7 +63,9 @@ Pruning (``keep_last``) skips the checkpoints a background backup is reading or 
 :meth:`CheckpointManager.prune`. A pruned directory is renamed to ``.trash-step_…`` first, so a
 kill mid-delete never leaves a half-deleted ``step_…``.
 
-Format versions: 2 (this one, the separate q/k/v and gate/up model). Format 1 (the fused-qkv model,
+Format versions: 3 (this one: optimizer hyper-parameters per parameter, so pipeline stages save them; any
+layout, pipelined or not, loads any other). 2 (the separate q/k/v and gate/up model, hyper-parameters per
+parameter group; loaded, written by no pipeline). Format 1 (the fused-qkv model,
 ``rank_<R>.pt`` side files) is refused in one line (:func:`check_format`). ``meta.json`` is read
 leniently (keys a newer clustertrain added are ignored; ``clustertrain`` is the writer's version, see
 :mod:`clustertrain.runstate`). Torch is imported inside the methods: the launcher imports this module
@@ -95,7 +97,9 @@ if TYPE_CHECKING:
     from torch.distributed.checkpoint import StorageWriter
 
 FORMAT = "clustertrain-checkpoint"
-VERSION = 2
+VERSION = 3
+#: oldest format this version loads (2: optimizer hyper-parameters per parameter group)
+MIN_VERSION = 2
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 DAMAGED_PREFIX = "damaged-"
 FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
@@ -144,9 +148,9 @@ def read_meta(path: Path) -> CheckpointMeta:
 
 def check_format(path: Path, meta: CheckpointMeta) -> None:
     """Refuse a checkpoint whose format this version cannot load (one :class:`RunDirError` line)."""
-    if meta.version == VERSION:
+    if MIN_VERSION <= meta.version <= VERSION:
         return
-    if meta.version < VERSION:
+    if meta.version < MIN_VERSION:
         raise RunDirError(
             f"{path}: written by clustertrain {meta.clustertrain} with the fused-qkv model (checkpoint format "
             f"{meta.version}); this version cannot load it — use --no-resume to archive it or another --run-dir")
@@ -451,7 +455,11 @@ class CheckpointManager:
     # -- loading ---------------------------------------------------------------------------------
     def same_layout(self, meta: CheckpointMeta) -> bool:
         """Whether the checkpoint was written by ranks laid out as this run's (then its RNG streams apply)."""
-        return meta.world_size == self.world_size and meta.layout == self.layout
+        if meta.world_size != self.world_size or meta.layout is None or self.layout is None:
+            return meta.world_size == self.world_size and meta.layout == self.layout
+        from clustertrain.train.layout import LAYOUT_DEFAULTS
+
+        return {**LAYOUT_DEFAULTS, **meta.layout} == {**LAYOUT_DEFAULTS, **self.layout}  # keys added since default
 
     def load_latest(self, state: dict[str, Any]) -> LoadedCheckpoint | None:
         """Load the newest checkpoint that loads (:meth:`load`; order: :func:`resume_candidates`) into ``state``;
@@ -520,6 +528,11 @@ class CheckpointManager:
         check_format(path, meta)
         if not self.same_layout(meta):
             state = {k: v for k, v in state.items() if k != "rng"}
+        if meta.version < 3 and "model_optim" in state:  # format 2: optimizer hyper-parameters per parameter group
+            from clustertrain.train.state import ModelOptimState
+
+            old = state["model_optim"]
+            state = {**state, "model_optim": ModelOptimState(old.model, old.optimizer, flatten=False)}
         try:
             dcp.load(state, checkpoint_id=str(path), no_dist=not _distributed())
         except (CheckpointException, RuntimeError, ValueError, KeyError, EOFError, OSError) as e:

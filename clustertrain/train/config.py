@@ -129,11 +129,21 @@ class ParallelismConfig(StrictModel):
     dp: int | Literal["auto"] = Field("auto", description="Data-parallel degree; `auto` = world size / (tp x pp).")
     tp: int = Field(1, ge=1, description="Tensor-parallel degree (DTensor: q/k/v and MLP column-wise, outputs row-wise, "
                     "vocabulary-sharded embedding and output layer). Divides heads, ffn width and the vocabulary; at most the GPUs of a node.")
-    pp: int = Field(1, ge=1, description="Pipeline-parallel degree: the layers split into pp stages. `framework: megatron` "
-                    "only for now (Megatron-LM's 1F1B schedule); the built-in trainer takes 1.")
+    pp: int = Field(1, ge=1, description="Pipeline-parallel degree: the layers split into pp stages on consecutive groups "
+                    "of dp x tp ranks (pp outermost). Built-in trainer: torch.distributed.pipelining, the embeddings on the "
+                    "first stage and the output layer on the last, an uneven split by compute when the layers do not divide "
+                    "(docs/training.md); `framework: megatron`: Megatron-LM's, equal stages.")
     virtual_stages: int = Field(
-        1, ge=1, description="Virtual pipeline stages per pipeline rank (interleaved 1F1B, Megatron's "
-        "`--num-virtual-stages-per-pipeline-rank`); needs pp > 1 and the layers per stage divisible by it.",
+        1, ge=1, description="Virtual pipeline stages per pipeline rank (interleaved 1F1B; Megatron's "
+        "`--num-virtual-stages-per-pipeline-rank`); needs pp > 1, `schedule: interleaved_1f1b` and the layers divisible "
+        "by pp x virtual_stages. Without a `schedule`, virtual_stages > 1 selects `interleaved_1f1b`.",
+    )
+    schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = Field(
+        "1f1b", description="Pipeline schedule (pp > 1): `gpipe` (all forwards, then all backwards: every micro-batch's "
+        "activations in flight), `1f1b` (at most pp micro-batches in flight on the first stage; needs at least pp "
+        "micro-batches per step), `interleaved_1f1b` (virtual_stages > 1 chunks per rank: a smaller bubble; micro-batches "
+        "a multiple of pp). Micro-batches per step = global_batch / (micro_batch x dp). Megatron: 1f1b, interleaved with "
+        "virtual stages.",
     )
     zero_stage: int = Field(
         0, ge=0, le=3, description="How the data-parallel dimension shards. Built-in trainer: `0` = replicate (DDP), `3` = "
@@ -164,6 +174,15 @@ class ParallelismConfig(StrictModel):
         "DDP reduces fp32 gradients)."
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _interleaved_by_default(cls, data: object) -> object:
+        """virtual_stages > 1 without a schedule means the one schedule that takes them."""
+        if isinstance(data, dict) and "schedule" not in data and isinstance(data.get("virtual_stages"), int) \
+                and data["virtual_stages"] > 1:
+            return {**data, "schedule": "interleaved_1f1b"}
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> "ParallelismConfig":
         if self.dp != "auto" and self.dp < 1:
@@ -173,15 +192,42 @@ class ParallelismConfig(StrictModel):
         if self.virtual_stages > 1 and self.pp == 1:
             raise ValueError(f"virtual_stages={self.virtual_stages} needs pp > 1 (interleaved pipeline stages); "
                              "set parallelism.pp or drop virtual_stages")
+        if self.schedule == "interleaved_1f1b" and self.virtual_stages == 1:
+            raise ValueError("schedule interleaved_1f1b needs virtual_stages >= 2 (the chunks each pipeline rank "
+                             "interleaves); set parallelism.virtual_stages, or schedule: 1f1b")
+        if self.virtual_stages > 1 and self.schedule != "interleaved_1f1b":
+            raise ValueError(f"virtual_stages={self.virtual_stages} runs only with schedule: interleaved_1f1b "
+                             f"(not {self.schedule}); set parallelism.schedule: interleaved_1f1b or drop virtual_stages")
         return self
 
 
-def builtin_problems(par: ParallelismConfig) -> list[tuple[str, str]]:
-    """(field, problem) for a layout the built-in trainer cannot run (whatever the world size)."""
+def microbatch_problems(par: ParallelismConfig, microbatches: int) -> list[tuple[str, str]]:
+    """(field, problem) for a pipeline schedule that cannot run ``microbatches`` micro-batches per step
+    (= global_batch / (micro_batch x dp)); torch's and Megatron's schedules refuse the same."""
+    if par.pp == 1:
+        return []
+    fix = (f"raise training.global_batch to a multiple of {par.pp} x micro_batch x dp, lower micro_batch, "
+           "or use schedule: gpipe" if par.schedule != "interleaved_1f1b" else
+           f"make training.global_batch / (micro_batch x dp) a multiple of pp={par.pp}")
+    if par.schedule == "1f1b" and microbatches < par.pp:
+        return [("parallelism.schedule", f"1f1b needs at least pp={par.pp} micro-batches per step, but global_batch / "
+                                         f"(micro_batch x dp) = {microbatches}; {fix}")]
+    if par.schedule == "interleaved_1f1b" and microbatches % par.pp:
+        return [("parallelism.schedule", f"interleaved_1f1b needs a multiple of pp={par.pp} micro-batches per step, but "
+                                         f"global_batch / (micro_batch x dp) = {microbatches}; {fix}")]
+    return []
+
+
+def builtin_problems(par: ParallelismConfig, arch: ArchConfig | None = None) -> list[tuple[str, str]]:
+    """(field, problem) for a layout the built-in trainer cannot run (whatever the world size); with ``arch``, also
+    tied embeddings across pipeline stages (the stages' split: :func:`clustertrain.train.layout.pipeline_problems`)."""
     out: list[tuple[str, str]] = []
-    if par.pp != 1:
-        out.append(("parallelism.pp", f"pp={par.pp} is not implemented in the built-in trainer yet (pipeline parallelism "
-                                      "is the next trainer issue); set parallelism.pp: 1, or framework: megatron"))
+    if arch is not None and par.pp > 1:
+        if arch.tie_embeddings:
+            out.append(("model.tie_embeddings", f"true with pp={par.pp}: the embedding sits on the first pipeline stage and "
+                                                "the output layer on the last, so the built-in trainer cannot share one "
+                                                "tensor between them; set model.tie_embeddings: false (as Llama-style "
+                                                "models do), or pp: 1"))
     if par.zero_stage in (1, 2):
         out.append(("parallelism.zero_stage",
                     f"zero_stage {par.zero_stage} is not offered by the built-in trainer: FSDP2 shards parameters, gradients "

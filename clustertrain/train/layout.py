@@ -5,10 +5,18 @@ asks for; :func:`resolve_layout` turns it into a :class:`ParallelLayout` for a w
 :func:`layout_problems` lists why it cannot work, each problem naming its field. Pure Python: the
 planner and ``clustertrain check`` import it without torch.
 
-Rank order: ``rank = dp_rank * tp + tp_rank`` (tp innermost), the order of
-``init_device_mesh(..., (dp, tp), mesh_dim_names=("dp", "tp"))``. With Slurm's block distribution
-(ranks fill a node before the next), a tensor-parallel group of ``tp <= GPUs per node`` consecutive
-ranks sits on one node, so its per-layer collectives use NVLink, not the network.
+Rank order: ``rank = (pp_rank * dp + dp_rank) * tp + tp_rank`` (tp innermost, pp outermost), the order of
+``init_device_mesh(..., (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))`` (Megatron-LM's default order,
+tp-dp-pp). With Slurm's block distribution (ranks fill a node before the next), a tensor-parallel group of
+``tp <= GPUs per node`` consecutive ranks sits on one node, so its per-layer collectives use NVLink, not the
+network; a pipeline stage is ``dp x tp`` consecutive ranks (whole nodes at scale), so only the stage-to-stage
+activations and the data-parallel reduction cross nodes.
+
+Pipeline stages: the layers split into ``pp x virtual_stages`` consecutive stages (:func:`stage_layers`); rank
+``pp_rank`` holds stages ``pp_rank, pp_rank + pp, ...`` (interleaved 1F1B's loop order). The first stage holds the
+embeddings, the last the final norm and output layer; when the layers divide evenly they split evenly, otherwise
+by the cost model of :func:`stage_costs` (the output layer counted in blocks' worth of compute), the split the
+planner plans with.
 
 Data: the ranks of one tensor-parallel group read the same micro-batch; the data-parallel rank
 picks it. Step ``n`` consumes samples ``[n * global_batch, (n + 1) * global_batch)`` whatever the
@@ -17,6 +25,7 @@ layout, so a run resumed with another layout continues at exactly the same sampl
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +44,8 @@ class ParallelLayout:
     dp: int
     tp: int = 1
     pp: int = 1
+    virtual_stages: int = 1
+    schedule: str = "1f1b"
     zero_stage: int = 0
     reshard_after_forward: bool = True
     recompute: str = "none"
@@ -47,17 +58,32 @@ class ParallelLayout:
     def fsdp(self) -> bool:
         return self.zero_stage == 3
 
+    @property
+    def stages(self) -> int:
+        """Pipeline stages in all (``pp x virtual_stages``)."""
+        return self.pp * self.virtual_stages
+
     def dp_rank(self, rank: int) -> int:
-        return rank // (self.tp * self.pp)
+        return (rank // self.tp) % self.dp
+
+    def pp_rank(self, rank: int) -> int:
+        return rank // (self.dp * self.tp)
+
+    def rank_stages(self, rank: int) -> list[int]:
+        """The pipeline stages ``rank`` holds (``[0]`` without pipeline parallelism)."""
+        return list(range(self.pp_rank(rank), self.stages, self.pp))
 
     def tp_rank(self, rank: int) -> int:
         return rank % self.tp
 
     def describe(self) -> str:
-        """``fsdp 2 x tp 2 +sp, recompute selective, bf16 params / fp32 reduce`` — for logs and reports."""
+        """``fsdp 2 x tp 2 +sp x pp 2 1f1b, recompute selective, bf16 params / fp32 reduce`` — for logs and reports."""
         parts = [f"{'fsdp' if self.fsdp else 'ddp'} {self.dp}"]
         if self.tp > 1:
             parts.append(f"tp {self.tp}" + (" +sp" if self.sequence_parallel else ""))
+        if self.pp > 1:
+            parts.append(f"pp {self.pp}" + (f" (v {self.virtual_stages})" if self.virtual_stages > 1 else "")
+                         + f" {self.schedule}")
         text = " x ".join(parts)
         extras = []
         if self.recompute != "none":
@@ -69,6 +95,10 @@ class ParallelLayout:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+#: the defaults of the ParallelLayout fields a checkpoint written before them lacks (``meta.json``'s ``layout``)
+LAYOUT_DEFAULTS = {"virtual_stages": 1, "schedule": "1f1b"}
 
 
 class LayoutError(ValueError):
@@ -136,11 +166,74 @@ def resolve_layout(par: "ParallelismConfig", world: int, on_gpu: bool, ranks_per
         raise LayoutError(*problems[0])
     mp = par.tp * par.pp
     return ParallelLayout(
-        world=world, dp=world // mp, tp=par.tp, pp=par.pp, zero_stage=par.zero_stage,
+        world=world, dp=world // mp, tp=par.tp, pp=par.pp, virtual_stages=par.virtual_stages,
+        schedule=par.schedule if par.pp > 1 else "1f1b", zero_stage=par.zero_stage,
         reshard_after_forward=par.reshard_after_forward, recompute=par.recompute,
         sequence_parallel=par.sequence_parallel, compile=par.compile, param_dtype=param_dtype_for(par, on_gpu),
         reduce_dtype=par.reduce_dtype if par.zero_stage == 3 else "fp32",
     )
+
+
+def pipeline_problems(arch: "ArchConfig", par: "ParallelismConfig") -> list[tuple[str, str]]:
+    """(field, problem) for pipeline stages that cannot split this architecture (independent of the world size)."""
+    stages = par.pp * par.virtual_stages
+    if par.pp == 1:
+        return []
+    if stages > arch.layers:
+        what = f"pp={par.pp}" + (f" x virtual_stages={par.virtual_stages}" if par.virtual_stages > 1 else "")
+        return [("parallelism.pp", f"{what} = {stages} pipeline stages but model.layers={arch.layers}: every stage needs "
+                                   f"at least one block; use pp <= {arch.layers // par.virtual_stages}")]
+    if par.virtual_stages > 1 and arch.layers % stages:
+        return [("parallelism.virtual_stages", f"model.layers={arch.layers} does not divide into pp={par.pp} x "
+                 f"virtual_stages={par.virtual_stages} = {stages} equal stages (interleaving needs equal chunks); valid "
+                 f"virtual_stages: {', '.join(str(v) for v in range(1, arch.layers // par.pp + 1) if arch.layers % (par.pp * v) == 0)}")]
+    return []
+
+
+def stage_costs(arch: "ArchConfig", vocab: int) -> tuple[float, float]:
+    """(first, last): the extra compute of the first stage (embeddings: none worth counting) and of the last (the
+    output layer, h x V multiply-adds per token) in blocks' worth (a block: 4h² attention projections, 2hf (GELU) or
+    3hf (SwiGLU) MLP, 2sh attention scores and values per token)."""
+    h, f, s = arch.hidden, arch.ffn_dim, arch.seq_len
+    block = 4 * h * h + (3 if arch.mlp == "swiglu" else 2) * h * f + 2 * s * h
+    return 0.0, h * vocab / block
+
+
+def stage_layers(layers: int, stages: int, extra: tuple[float, float] = (0.0, 0.0)) -> list[range]:
+    """The blocks of each of ``stages`` pipeline stages: an even split when ``stages`` divides ``layers``; otherwise
+    the split whose most loaded stage is least loaded, a stage's load being its blocks plus ``extra`` (first, last;
+    :func:`stage_costs`), ties going to the earlier stages keeping more blocks."""
+    if stages > layers:
+        raise ValueError(f"{stages} stages for {layers} layers")
+    if layers % stages == 0:
+        counts = [layers // stages] * stages
+    else:
+        counts = _balanced_counts(layers, stages, extra)
+    out, start = [], 0
+    for n in counts:
+        out.append(range(start, start + n))
+        start += n
+    return out
+
+
+def _balanced_counts(layers: int, stages: int, extra: tuple[float, float]) -> list[int]:
+    extras = [0.0] * stages
+    extras[0] += extra[0]
+    extras[-1] += extra[1]
+    best: list[int] | None = None
+    for target in sorted({k + e for k in range(1, layers + 1) for e in set(extras)}):
+        caps = [max(1, math.floor(target - e + 1e-9)) for e in extras]
+        if sum(caps) < layers or any(c + e > target + 1e-9 for c, e in zip(caps, extras)):
+            continue
+        best = caps
+        break
+    assert best is not None
+    surplus = sum(best) - layers
+    while surplus:  # take blocks back from the most loaded stage (the later one on a tie) that can spare one
+        i = max((i for i in range(stages) if best[i] > 1), key=lambda i: (best[i] + extras[i], i))
+        best[i] -= 1
+        surplus -= 1
+    return best
 
 
 def _divisors(n: int) -> str:

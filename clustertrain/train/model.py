@@ -16,6 +16,12 @@ Parameter names (FQNs) are the checkpoint's keys and the planner's tensor list
     blocks.{i}.norm2.*  blocks.{i}.mlp.{w_gate,w_up,w_down}.{weight,bias}   (w_gate: SwiGLU only)
     norm_f.*  head.weight [V,h] (the same tensor as tok_emb.weight when tied)
 
+A pipeline stage (:mod:`clustertrain.train.parallel.pipeline`) is a ``GPT`` holding only some blocks
+(``blocks`` is a ``ModuleDict`` keyed by the global block index, so a stage's names are the whole model's),
+the embeddings only on the first stage and the final norm and output layer only on the last; its forward takes
+token ids on the first stage, hidden states ``[b, s, h]`` elsewhere, and returns logits on the last stage,
+hidden states elsewhere.
+
 Checkpoints of the earlier fused-qkv model (checkpoint format 1) are refused in one line
 (:mod:`clustertrain.train.checkpoint`).
 """
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -110,25 +117,51 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, arch: ArchConfig, vocab: int, seed: int = 0):
+    """The whole model, or (``layers``, ``first``, ``last``) one pipeline stage of it (module docstring)."""
+
+    def __init__(self, arch: ArchConfig, vocab: int, seed: int = 0, layers: Sequence[int] | None = None,
+                 first: bool = True, last: bool = True):
         super().__init__()
         self.arch = arch
         self.vocab = vocab
-        self.tok_emb = nn.Embedding(vocab, arch.hidden)
-        self.pos_emb = nn.Embedding(arch.seq_len, arch.hidden)
-        self.drop = nn.Dropout(arch.dropout)
-        self.seq_split = nn.Identity()  # where sequence parallelism splits the residual stream along the sequence
-        self.blocks = nn.ModuleList(Block(arch) for _ in range(arch.layers))
-        self.norm_f = _norm(arch)
-        self.head = nn.Linear(arch.hidden, vocab, bias=False)
-        if arch.tie_embeddings:
+        self.tok_emb = nn.Embedding(vocab, arch.hidden) if first else None
+        self.pos_emb = nn.Embedding(arch.seq_len, arch.hidden) if first else None
+        self.drop = nn.Dropout(arch.dropout) if first else None
+        # where sequence parallelism splits the residual stream along the sequence
+        self.seq_split = nn.Identity() if first else None
+        self.blocks = nn.ModuleDict({str(i): Block(arch) for i in (range(arch.layers) if layers is None else layers)})
+        self.norm_f = _norm(arch) if last else None
+        self.head = nn.Linear(arch.hidden, vocab, bias=False) if last else None
+        if arch.tie_embeddings and first and last:
             self.head.weight = self.tok_emb.weight
-        if self.tok_emb.weight.device.type != "meta":
+        if next(self.parameters()).device.type != "meta":
             self.init_weights(seed)
+
+    @property
+    def first(self) -> bool:
+        return self.tok_emb is not None
+
+    @property
+    def last(self) -> bool:
+        return self.head is not None
+
+    def view(self, layers: Sequence[int], first: bool, last: bool) -> "GPT":
+        """A stage of this model that shares its modules (no new parameters): blocks ``layers``, the embeddings
+        when ``first``, the final norm and output layer when ``last`` — a virtual pipeline stage of the rank
+        that holds this model's blocks."""
+        view = GPT.__new__(GPT)
+        nn.Module.__init__(view)
+        view.arch, view.vocab = self.arch, self.vocab
+        for name in ("tok_emb", "pos_emb", "drop", "seq_split"):
+            setattr(view, name, getattr(self, name) if first else None)
+        view.blocks = nn.ModuleDict({str(i): self.blocks[str(i)] for i in layers})
+        for name in ("norm_f", "head"):
+            setattr(view, name, getattr(self, name) if last else None)
+        return view
 
     def tie_weights(self) -> None:
         """Re-tie the output layer to the embedding (after a transformation that replaced parameters)."""
-        if self.arch.tie_embeddings:
+        if self.arch.tie_embeddings and self.first and self.last:
             self.head.weight = self.tok_emb.weight
 
     @torch.no_grad()
@@ -148,20 +181,24 @@ class GPT(nn.Module):
             full = torch.empty(p.shape, dtype=p.dtype, device=device).normal_(0.0, scale, generator=gen)
             _copy_shard(p, full)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        t = idx.shape[1]
-        pos = torch.arange(t, device=idx.device)
-        x = self.seq_split(self.drop(self.tok_emb(idx) + self.pos_emb(pos)))
-        for block in self.blocks:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Token ids -> logits (the whole model); a stage: ids or hidden states in, hidden states or logits out."""
+        if self.tok_emb is not None:
+            pos = torch.arange(x.shape[1], device=x.device)
+            x = self.seq_split(self.drop(self.tok_emb(x) + self.pos_emb(pos)))
+        for block in self.blocks.values():
             x = block(x)
+        if self.head is None:
+            return x
         return self.head(self.norm_f(x))
 
     def num_params(self, non_embedding: bool = False) -> int:
-        """Parameters of the whole (unsharded) model; tied weights counted once."""
+        """Parameters of this model or stage (unsharded); tied weights counted once."""
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
-            n -= self.tok_emb.weight.numel() + self.pos_emb.weight.numel()
-            if not self.arch.tie_embeddings:
+            if self.first:
+                n -= self.tok_emb.weight.numel() + self.pos_emb.weight.numel()
+            if self.last and not (self.arch.tie_embeddings and self.first):
                 n -= self.head.weight.numel()
         return n
 

@@ -5,9 +5,14 @@ loads with ``torch.distributed.checkpoint`` (DCP); its keys are the top level of
 
 ``model_optim`` (:class:`ModelOptimState`)
     Parameters and optimizer state by fully qualified name (``blocks.0.attn.wq.weight``,
-    ``state.blocks.0.attn.wq.weight.exp_avg`` ...), from ``get_state_dict``: the same names for a plain,
-    DDP, FSDP2 or tensor-parallel (DTensor) module. Sharded tensors are saved as their local shards with
-    global offsets, so DCP reshards on load: any layout can load any other layout's checkpoint.
+    ``state.blocks.0.attn.wq.weight.exp_avg``, ``param_groups.blocks.0.attn.wq.weight.lr`` ...), from
+    ``get_state_dict(..., flatten_optimizer_state_dict=True)``: the same names for a plain, DDP, FSDP2,
+    tensor-parallel (DTensor) or pipelined module (a pipeline stage holds the whole model's names for its
+    blocks). Sharded tensors are saved as their local shards with global offsets, so DCP reshards on load: any
+    layout can load any other layout's checkpoint. The optimizer's hyper-parameters are kept per parameter
+    (checkpoint format 3): per parameter *group* (format 2) each pipeline stage's group lists only its own
+    parameters, and DCP keeps one rank's copy of such an object. Format 2 checkpoints (no pipeline) load with
+    ``flatten=False``.
 ``train`` (:class:`TrainState`)
     ``{"step": int, "consumed_samples": int}``. The learning rate is a function of the step (no
     scheduler state); the data position is ``consumed_samples`` whatever the layout.
@@ -48,19 +53,24 @@ class TrainState(Stateful):
 
 
 class ModelOptimState(Stateful):
-    """A model and its optimizer, by fully qualified parameter names (layout-independent keys)."""
+    """A model and its optimizer, by fully qualified parameter names (layout-independent keys). ``flatten``: the
+    optimizer's hyper-parameters per parameter (format 3) rather than per parameter group (format 2)."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, flatten: bool = True):
         self.model = model
         self.optimizer = optimizer
+        self.flatten = flatten
+
+    def _options(self) -> StateDictOptions:
+        return StateDictOptions(strict=True, flatten_optimizer_state_dict=self.flatten)
 
     def state_dict(self) -> dict[str, Any]:
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._options())
         return {"model": model_sd, "optim": optim_sd}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         set_state_dict(self.model, self.optimizer, model_state_dict=state_dict["model"],
-                       optim_state_dict=state_dict["optim"], options=StateDictOptions(strict=True))
+                       optim_state_dict=state_dict["optim"], options=self._options())
 
 
 class RNGState(Stateful):

@@ -96,9 +96,9 @@ class Trainer:
         vocab = padded_vocab(entry.model, self.tokenizer_vocab)
         if self.layout.compile:
             check_compiler(device, f"models.{entry.name}.parallelism.compile")
-        self.pm = build_parallel_model(entry.model, vocab, self.layout, device, seed=cfg.seed)
+        self.pm = build_parallel_model(entry.model, vocab, self.layout, device, seed=cfg.seed, microbatches=self.accum)
         self.model = self.pm.model
-        self.flops_per_token = flops_per_token(entry.model, self.model.num_params(non_embedding=True))
+        self.flops_per_token = flops_per_token(entry.model, self.pm.non_embedding_params)
         self.optimizer = build_optimizer(self.model, cfg)
         # dropout streams per data-parallel rank: the ranks of a tensor-parallel group draw the same masks
         torch.manual_seed(cfg.seed + 1 + self.dp_rank)
@@ -130,7 +130,7 @@ class Trainer:
         monitor = project.monitor
         self.nodes = self._node_names()
         self.timer = StepTimer(env.rank, self.nodes[env.rank], paths.rank_timing(env.rank) if monitor.enabled else None)
-        self._norm_part = "comm" if self.layout.fsdp or self.layout.tp > 1 else "compute"  # DTensor norms all-reduce
+        self._norm_part = "comm" if self.layout.fsdp or self.layout.tp > 1 or self.layout.pp > 1 else "compute"  # norms all-reduce
         self.watch = (RunWatch(paths, monitor, self.nodes, env.world_size, env.world_size, self.step)
                       if env.rank == 0 else None)
 
@@ -185,6 +185,11 @@ class Trainer:
             data = data.pin_memory().to(self.device, non_blocking=True)
         return data[:, :-1], data[:, 1:]
 
+    def _timed_batch(self, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self._phase("data")
+        with self.timer.part("data"):
+            return self._batch(micro)
+
     def _phase(self, name: str) -> None:
         if self.beacon is not None:
             self.beacon.phase(name)
@@ -201,13 +206,14 @@ class Trainer:
         timer = self.timer
         loss_sum = torch.zeros((), device=self.device)
         scale = float("nan") if self.injections.nan_at_step == self.step + 1 else 1.0 / self.accum
-        for micro in range(self.accum):
+        if self.layout.pp > 1:  # the schedule takes the step's micro-batches at once
             self._phase("data")
             with timer.part("data"):
-                x, y = self._batch(micro)
-            with timer.part("compute"):
-                loss_sum += self.pm.forward_backward(x, y, scale, sync=micro == self.accum - 1,
-                                                     timed_forward=self._forward)
+                batches = [self._batch(micro) for micro in range(self.accum)]
+        else:  # read each micro-batch just before its forward pass
+            batches = (self._timed_batch(micro) for micro in range(self.accum))
+        loss_sum += self.pm.forward_backward_step(batches, scale, timed_forward=self._forward,
+                                                  timed_micro=lambda: timer.part("compute"))
         self._phase("collective" if self._norm_part == "comm" else "optimizer")
         with timer.part(self._norm_part):
             grad_norm = self.pm.clip_grad_norm_(self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf"))
@@ -302,7 +308,7 @@ class Trainer:
 
     def fit(self, stop: StopRequest) -> Outcome:
         cfg, rank = self.cfg, self.env.rank
-        log(rank, f"model {self.entry.name}: {self.model.num_params():,} parameters, {self.env.world_size} rank(s) "
+        log(rank, f"model {self.entry.name}: {self.pm.total_params:,} parameters, {self.env.world_size} rank(s) "
                   f"({self.layout.describe()}), grad accumulation {self.accum}, device {self.device.type}, "
                   f"steps {self.step}->{cfg.max_steps}")
         self.saved: Path | None = None

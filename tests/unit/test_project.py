@@ -64,7 +64,6 @@ def test_overrides_by_index_and_name_are_type_checked(tmp_path):
         ("models.0.model.heads=5", r"heads \(5\) must divide hidden \(64\); e.g. heads=4"),
         ("models.0.training.max_steps=0", r"max_steps must be a positive number of steps, got 0"),
         ("models.0.training.max_steps=-3", r"max_steps must be a positive number"),
-        ("models.0.parallelism.pp=2", r"pp=2 is not implemented in the built-in trainer yet.*set parallelism.pp: 1, or framework: megatron"),
         ("models.0.parallelism.tp=2", r"tp=2 needs zero_stage: 3"),
         ("models.0.parallelism.zero_stage=1", r"zero_stage 1 is not offered by the built-in trainer.*use zero_stage: 3"),
         ("models.0.training.precision=bf16", r"precision moved to models\[\]\.parallelism\.param_dtype"),
@@ -81,6 +80,43 @@ def test_bad_values_give_one_line_naming_the_field(tmp_path, mutation, message):
         load_project(write(tmp_path, GOOD), [mutation])
     assert "\n" not in str(info.value)
     assert str(tmp_path / "p.yaml") in str(info.value)
+
+
+UNTIED = "models.0.model={layers: 6, hidden: 64, heads: 4, seq_len: 32, tie_embeddings: false}"
+
+
+@pytest.mark.parametrize(
+    "sets, message",
+    [
+        (["models.0.parallelism.pp=2"], r"models\[0\]\.model\.tie_embeddings: true with pp=2: .*set model\.tie_embeddings: false"),
+        ([UNTIED, "models.0.parallelism.pp=8"],
+         r"models\[0\]\.parallelism\.pp: pp=8 = 8 pipeline stages but model\.layers=6: .*use pp <= 6"),
+        ([UNTIED, "models.0.parallelism={pp: 2, virtual_stages: 2}"],
+         r"models\[0\]\.parallelism\.virtual_stages: model\.layers=6 does not divide into pp=2 x virtual_stages=2 .*valid "
+         r"virtual_stages: 1, 3"),
+        ([UNTIED, "models.0.parallelism={pp: 2, schedule: interleaved_1f1b}"],
+         r"schedule interleaved_1f1b needs virtual_stages >= 2"),
+        ([UNTIED, "models.0.parallelism={pp: 2, virtual_stages: 3, schedule: 1f1b}"],
+         r"virtual_stages=3 runs only with schedule: interleaved_1f1b"),
+        ([UNTIED, "models.0.parallelism.pp=2", "models.0.training.global_batch=2"],
+         r"models\[0\]\.parallelism\.schedule: 1f1b needs at least pp=2 micro-batches per step, but global_batch / "
+         r"\(micro_batch x dp\) = 1; raise training\.global_batch"),
+        ([UNTIED, "models.0.parallelism={pp: 2, virtual_stages: 3}", "models.0.training.global_batch=6"],
+         r"interleaved_1f1b needs a multiple of pp=2 micro-batches per step, but .* = 3"),
+    ],
+)
+def test_impossible_pipelines_give_one_line_naming_the_field(tmp_path, sets, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        load_project(write(tmp_path, GOOD), sets)
+    assert "\n" not in str(info.value)
+    assert str(tmp_path / "p.yaml") in str(info.value)
+
+
+def test_a_pipelined_builtin_model_loads(tmp_path):
+    project = load_project(write(tmp_path, GOOD), [UNTIED, "models.0.parallelism={pp: 2, virtual_stages: 3}",
+                                                   "models.0.training.global_batch=4"])
+    par = project.models[0].parallelism
+    assert (par.pp, par.virtual_stages, par.schedule) == (2, 3, "interleaved_1f1b")  # virtual stages pick the schedule
 
 
 def test_yaml_syntax_error_names_line(tmp_path):

@@ -1,17 +1,19 @@
 """Build a model for a :class:`~clustertrain.train.layout.ParallelLayout`: the device mesh, then each
 parallelism in torchtitan's order — tensor parallelism, activation checkpointing, compile, data
-parallelism (FSDP2 or DDP) — on the meta device, then materialise and initialise the local shards.
+parallelism (FSDP2 or DDP) — on the meta device, then materialise and initialise the local shards; with
+pipeline parallelism, the rank's stages first (``pipeline``), each stage then treated as a model.
 
-:class:`ParallelModel` is what the training loop sees: ``forward_backward`` for one micro-batch,
+:class:`ParallelModel` is what the training loop sees: ``forward_backward_step`` for a step's micro-batches,
 ``clip_grad_norm_``, and the unwrapped ``model`` for the optimizer and checkpoints. The loop does
 not know which parallelisms are on. Each parallelism is one small module here (``tensor``,
-``data_parallel``, ``recompute``, ``compile``, ``grads``).
+``data_parallel``, ``recompute``, ``compile``, ``grads``, ``pipeline``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import TYPE_CHECKING
 from dataclasses import dataclass, field
 
 import torch
@@ -23,21 +25,28 @@ from clustertrain.train.layout import ParallelLayout
 from clustertrain.train.model import GPT, loss_fn
 from clustertrain.train.parallel.grads import clip_grad_norm_
 
+if TYPE_CHECKING:
+    from clustertrain.train.parallel.pipeline import Pipeline
+
 
 @dataclass
 class ParallelModel:
-    model: GPT                              # the (sharded) model: parameters, optimizer, checkpoints
-    module: nn.Module                       # what forward is called on (DDP's wrapper or the model)
+    model: GPT                              # the rank's (sharded) model or pipeline stages: optimizer, checkpoints
+    module: nn.Module                       # what forward is called on (DDP's wrapper or the model; pp: unused)
     layout: ParallelLayout
-    mesh: object | None = None              # DeviceMesh with dims ("dp", "tp"), None on one process
+    mesh: object | None = None              # DeviceMesh with dims ("dp", "tp") (pp > 1: ("pp", "dp", "tp")); None alone
     loss_parallel: bool = False
     autocast: Callable[[], AbstractContextManager] = field(default=nullcontext)
+    pipeline: Pipeline | None = None        # pp > 1: the rank's stages and the schedule
+    total_params: int = 0                   # of the whole (unsharded, unsplit) model
+    non_embedding_params: int = 0
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor, scale: float, sync: bool = True,
                          timed_forward: Callable[[], AbstractContextManager] = nullcontext) -> torch.Tensor:
         """Loss of one micro-batch times ``scale``, backpropagated; returns it detached as a plain tensor.
         ``sync=False``: DDP skips its gradient all-reduce (every micro-batch but the last). ``timed_forward``
-        wraps the forward pass (per-rank step timing)."""
+        wraps the forward pass (per-rank step timing). Not for pipelined models (:meth:`forward_backward_step`)."""
+        assert self.pipeline is None, "a pipelined model runs a whole step's micro-batches: forward_backward_step"
         no_sync = getattr(self.module, "no_sync", None)
         with nullcontext() if sync or no_sync is None else no_sync(), self._loss_context():
             with self.autocast(), timed_forward():
@@ -45,6 +54,35 @@ class ParallelModel:
             loss.backward()
         loss = loss.detach()
         return loss.to_local() if hasattr(loss, "to_local") else loss
+
+    def forward_backward_step(self, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], scale: float,
+                              timed_forward: Callable[[], AbstractContextManager] = nullcontext,
+                              timed_micro: Callable[[], AbstractContextManager] = nullcontext) -> torch.Tensor:
+        """Forward and backward of a step's micro-batches (``(x, y)`` pairs, each loss times ``scale``); the sum of
+        their losses, on every rank. Without a pipeline: one micro-batch at a time (``timed_micro`` around each,
+        ``timed_forward`` around its forward pass), the gradient reduction on the last. Pipelined: the schedule
+        runs them all (``timed_forward`` around the whole schedule: forward and backward interleave)."""
+        if self.pipeline is not None:
+            batches = list(batches)
+            x = torch.cat([b[0] for b in batches])
+            y = torch.cat([b[1] for b in batches])
+
+            @contextmanager
+            def context() -> Iterator[None]:
+                with self._loss_context(), self.autocast():
+                    yield
+
+            with timed_micro(), timed_forward():
+                return self.pipeline.step(x, y, scale, context)
+        pending = iter(batches)  # read lazily: each micro-batch just before its turn (the next one is read first,
+        item = next(pending)     # so the last is known and its backward reduces the gradients)
+        total = torch.zeros((), device=item[0].device)
+        while item is not None:
+            following = next(pending, None)
+            with timed_micro():
+                total += self.forward_backward(*item, scale, sync=following is None, timed_forward=timed_forward)
+            item = following
+        return total
 
     def _loss_context(self) -> AbstractContextManager:
         if not self.loss_parallel:
@@ -54,55 +92,77 @@ class ParallelModel:
         return loss_parallel()
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
-        return clip_grad_norm_(self.model.parameters(), max_norm)
+        """Clip to ``max_norm`` over every parameter of the model (all pipeline stages); return the global norm."""
+        group = self.pipeline.pp_group if self.pipeline is not None else None
+        return clip_grad_norm_(self.model.parameters(), max_norm, group)
 
     def train(self) -> None:
         self.module.train()
 
 
 def build_mesh(layout: ParallelLayout, device: torch.device):
-    """The ("dp", "tp") device mesh of an initialised process group; None on a single process."""
+    """The device mesh of an initialised process group: ("dp", "tp"), or ("pp", "dp", "tp") with pipeline
+    parallelism (rank order: :mod:`clustertrain.train.layout`); None on a single process."""
     if not dist.is_initialized():
         return None
     from torch.distributed.device_mesh import init_device_mesh
 
+    if layout.pp > 1:
+        return init_device_mesh(device.type, (layout.pp, layout.dp, layout.tp), mesh_dim_names=("pp", "dp", "tp"))
     return init_device_mesh(device.type, (layout.dp, layout.tp), mesh_dim_names=("dp", "tp"))
 
 
 def build_parallel_model(arch: ArchConfig, vocab: int, layout: ParallelLayout, device: torch.device,
-                         seed: int) -> ParallelModel:
+                         seed: int, microbatches: int = 1) -> ParallelModel:
     """The GPT of ``arch`` sharded by ``layout`` on ``device``; never materialised whole on one rank
-    under FSDP/TP (built on the meta device, each rank initialises only its shards). With
-    ``layout.compile``, call :func:`~clustertrain.train.parallel.compile.check_compiler` first."""
+    under FSDP/TP/PP (built on the meta device, each rank initialises only its shards). ``microbatches``:
+    per step, what a pipeline schedule runs. With ``layout.compile``, call
+    :func:`~clustertrain.train.parallel.compile.check_compiler` first."""
     from clustertrain.train.parallel.compile import apply_compile
     from clustertrain.train.parallel.recompute import apply_recompute
 
     mesh = build_mesh(layout, device)
     with torch.device("meta"):
-        model = GPT(arch, vocab)
+        whole = GPT(arch, vocab)
+    counts = {"total_params": whole.num_params(), "non_embedding_params": whole.num_params(non_embedding=True)}
+    if layout.pp > 1:
+        from clustertrain.train.parallel.pipeline import build_stage_model
+
+        model, parts, stages = build_stage_model(arch, vocab, layout, dist.get_rank())
+    else:
+        model, parts, stages = whole, [whole], [0]
     if layout.tp > 1:
         from clustertrain.train.parallel.tensor import apply_tensor_parallel
 
-        apply_tensor_parallel(model, mesh["tp"], layout.sequence_parallel)
+        for part in parts:
+            apply_tensor_parallel(part, mesh["tp"], layout.sequence_parallel)
     apply_recompute(model, layout.recompute)
     if layout.compile:
         apply_compile(model)
     if layout.fsdp and mesh is not None:
         from clustertrain.train.parallel.data_parallel import apply_fsdp
 
-        apply_fsdp(model, mesh["dp"], layout)
-    model.to_empty(device=device)
+        for part in parts:
+            apply_fsdp(part, mesh["dp"], layout)
+    for part in parts:  # each module belongs to one stage: materialise them stage by stage (FSDP2's roots)
+        part.to_empty(device=device)
     model.tie_weights()
     model.init_weights(seed)
-    module: nn.Module = model
+    modules: list[nn.Module] = list(parts)
     autocast: Callable[[], AbstractContextManager] = nullcontext
     if not layout.fsdp:
-        if mesh is not None:
+        if mesh is not None and layout.dp > 1 and layout.pp == 1:
             from clustertrain.train.parallel.data_parallel import apply_ddp
 
-            module = apply_ddp(model, device)
+            modules = [apply_ddp(part, device, mesh["dp"].get_group())]
         if layout.param_dtype == "bf16":  # fp32 weights, bf16 compute (FSDP2 casts with its MixedPrecisionPolicy instead)
             def autocast() -> AbstractContextManager:
                 return torch.autocast(device.type, dtype=torch.bfloat16)
-    return ParallelModel(model=model, module=module, layout=layout, mesh=mesh, loss_parallel=layout.tp > 1,
-                         autocast=autocast)
+    pipeline = None
+    if layout.pp > 1:
+        from clustertrain.train.parallel.pipeline import Pipeline
+
+        replicas = mesh["dp"].get_group() if not layout.fsdp and layout.dp > 1 else None
+        pipeline = Pipeline(model, modules, stages, layout, mesh["pp"].get_group(), device, microbatches, replicas)
+    return ParallelModel(model=model, module=modules[0] if pipeline is None else model, layout=layout, mesh=mesh,
+                         loss_parallel=layout.tp > 1, autocast=autocast, pipeline=pipeline, **counts)

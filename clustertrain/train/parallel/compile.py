@@ -26,7 +26,7 @@ def apply_compile(model: GPT) -> None:
     """Compile each block in place; under full recomputation compile the block's body instead, so the
     (eager) activation checkpoint sits outside the compiled region — torch 2.13 cannot save the
     tensor-parallel DTensors of a checkpoint traced inside a compiled graph."""
-    for block in model.blocks:
+    for block in model.blocks.values():
         if block.recompute:
             block._forward = torch.compile(block._forward)
         else:

@@ -11,6 +11,6 @@ from clustertrain.train.model import GPT
 
 
 def apply_recompute(model: GPT, mode: str) -> None:
-    for block in model.blocks:
+    for block in model.blocks.values():
         block.recompute = mode == "full"
         block.attn.recompute_core = mode == "selective"

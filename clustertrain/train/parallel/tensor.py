@@ -25,18 +25,23 @@ from clustertrain.train.model import GPT
 
 
 def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
-    """Shard ``model`` (on the meta device or materialised) over ``tp_mesh``; logits stay vocabulary-sharded."""
+    """Shard ``model`` (on the meta device or materialised; the whole model or a pipeline stage) over ``tp_mesh``;
+    logits stay vocabulary-sharded. Between blocks, and so between pipeline stages, the residual stream is a plain
+    local tensor (``[b, s / tp, h]`` with sequence parallelism)."""
     seq = Shard(1) if sequence_parallel else Replicate()
-    top = {
-        "tok_emb": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
-        "head": ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False),
-    }
-    if sequence_parallel:
-        top["seq_split"] = PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),),
-                                              use_local_output=True)
-        top["norm_f"] = SequenceParallel()
-    parallelize_module(model, tp_mesh, top)
-    for block in model.blocks:
+    top = {}
+    if model.first:
+        top["tok_emb"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+        if sequence_parallel:
+            top["seq_split"] = PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),),
+                                                  use_local_output=True)
+    if model.last:
+        top["head"] = ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False)
+        if sequence_parallel:
+            top["norm_f"] = SequenceParallel()
+    if top:
+        parallelize_module(model, tp_mesh, top)
+    for block in model.blocks.values():
         plan = {
             "attn.wq": ColwiseParallel(), "attn.wk": ColwiseParallel(), "attn.wv": ColwiseParallel(),
             "attn.wo": RowwiseParallel(output_layouts=seq),

@@ -66,7 +66,7 @@ def test_sync_round_trip_restores_everything_and_records_the_layout(tmp_path):
     assert (tmp_path / "latest").read_text() == "step_00000003\n"
     assert sorted(p.name for p in path.iterdir()) == [".metadata", "__0_0.distcp", "meta.json"]  # no side files
     meta = json.loads((path / "meta.json").read_text())
-    assert (meta["version"], meta["layout"], meta["world_size"], meta["consumed_samples"]) == (2, LAYOUT, 1, 48)
+    assert (meta["version"], meta["layout"], meta["world_size"], meta["consumed_samples"]) == (3, LAYOUT, 1, 48)
     want, next_rand = snapshot(model, opt), torch.rand(4)
 
     other, other_opt = model_and_optim(1)

@@ -68,14 +68,14 @@ def test_init_is_per_parameter_and_independent_of_construction_order():
     for (name, a), (_, b) in zip(direct.named_parameters(), late.named_parameters()):
         assert torch.equal(a, b), name
     other = GPT(arch, 64, seed=4)
-    assert not torch.equal(other.blocks[0].attn.wq.weight, direct.blocks[0].attn.wq.weight)
-    assert direct.blocks[0].attn.wo.weight.std() < direct.blocks[0].attn.wq.weight.std()  # residual scaling
+    assert not torch.equal(other.blocks["0"].attn.wq.weight, direct.blocks["0"].attn.wq.weight)
+    assert direct.blocks["0"].attn.wo.weight.std() < direct.blocks["0"].attn.wq.weight.std()  # residual scaling
 
 
 def test_separate_projections_split_by_heads():
     """q, k, v are separate linears: the first half of wq's rows (what tp=2 rank 0 holds) are heads 0..h/2-1."""
     arch = ArchConfig(layers=1, hidden=32, heads=4, seq_len=8)
-    attn = GPT(arch, 64).blocks[0].attn
+    attn = GPT(arch, 64).blocks["0"].attn
     assert [n for n, _ in attn.named_parameters()] == [f"{w}.{k}" for w in ("wq", "wk", "wv", "wo") for k in ("weight", "bias")]
     x = torch.randn(1, 8, 32)
     q = attn.wq(x).view(1, 8, -1, attn.head_dim)

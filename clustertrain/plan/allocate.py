@@ -6,23 +6,28 @@ for each candidate world size by :func:`clustertrain.train.layout.resolve_layout
 for a model when its framework implements the section, the layout splits the model
 (``structure_problems``) and fits a node (``node_problems``) and the world (``world_problems``: world
 size divisible by tp x pp, a fixed ``dp`` matching), ``global_batch`` is divisible by
-``micro_batch x dp``, the memory fits (:mod:`clustertrain.plan.memory`) and the deadline is met.
-Layout problems name their field, e.g. ``models[6].parallelism.tp: ...``.
+``micro_batch x dp``, a pipeline schedule gets the micro-batches it needs (``microbatch_problems``: 1F1B at
+least pp, interleaved a multiple of pp), the memory fits (:mod:`clustertrain.plan.memory`) and the deadline
+is met. Layout problems name their field, e.g. ``models[6].parallelism.tp: ...``; the built-in trainer's
+pipeline splits any layer count into up to that many stages (``clustertrain.train.layout.pipeline_problems``)
+but cannot tie the embeddings across stages, Megatron's only layer counts pp divides.
 
-Memory: the built-in trainer's model (:func:`clustertrain.plan.memory.estimate_memory`), or for a Megatron-LM
-model Megatron's (:func:`clustertrain.plan.megatron_memory.estimate_megatron_memory`: distributed optimizer,
-pipeline stages and the micro-batches they hold in flight).
+Memory: the built-in trainer's model (:func:`clustertrain.plan.memory.estimate_memory`: its most loaded pipeline
+rank with pp > 1), or for a Megatron-LM model Megatron's (:func:`clustertrain.plan.megatron_memory.estimate_megatron_memory`:
+distributed optimizer, pipeline stages and the micro-batches they hold in flight). A model that does not fit gets a
+hint naming the fields to set (:func:`_memory_hint`; for the built-in trainer pp with the memory it would leave).
 
 Time: training FLOPs = flops_per_token x tokens (the trainer's MFU formula); time on g GPUs =
-FLOPs / (g x peak x MFU), times 1 + the pipeline bubble (pp - 1) / (vp x m) for a Megatron model with
-pp > 1 (m = global_batch / (micro_batch x dp) micro-batches per step). Allocation: the smallest makespan T is found over all candidate finish
+FLOPs / (g x peak x MFU), times 1 + the pipeline bubble (pp - 1) / (vp x m) with pp > 1
+(m = global_batch / (micro_batch x dp) micro-batches per step); the built-in trainer's data-parallel traffic per step
+(:mod:`clustertrain.plan.traffic`) is reported beside it, not added to it. Allocation: the smallest makespan T is found over all candidate finish
 times (the least T for which the per-model minimum counts fit the cluster); nodes still free then go
 one valid step at a time to the model that finishes last.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from clustertrain.plan.frameworks import BUILTIN, MEGATRON, Framework
 from clustertrain.plan.megatron_memory import (
@@ -35,7 +40,8 @@ from clustertrain.plan.megatron_memory import (
 )
 from clustertrain.plan.memory import GiB, MemoryEstimate, estimate_memory, memory_budget
 from clustertrain.plan.shape import ModelShape
-from clustertrain.train.config import ArchConfig, ParallelismConfig
+from clustertrain.plan.traffic import Traffic, data_parallel_traffic
+from clustertrain.train.config import ArchConfig, ParallelismConfig, builtin_problems, microbatch_problems
 from clustertrain.train.layout import (
     ParallelLayout,
     node_problems,
@@ -44,6 +50,7 @@ from clustertrain.train.layout import (
     structure_problems,
     world_problems,
 )
+from clustertrain.train.layout import pipeline_problems as split_problems
 
 DAY = 86400.0
 
@@ -80,6 +87,11 @@ class ModelSpec:
         """Planned with Megatron-LM's memory and pipeline arithmetic."""
         return self.framework.name == MEGATRON.name
 
+    @property
+    def builtin(self) -> bool:
+        """Trained by the built-in trainer (its own rules: :func:`clustertrain.train.config.builtin_problems`)."""
+        return self.framework.name == BUILTIN.name
+
     def path(self, name: str) -> str:
         """``models[i].<name>`` (``<name>`` when the spec has no project index)."""
         return name if self.index is None else f"models[{self.index}].{name}"
@@ -100,6 +112,7 @@ class Hardware:
     peak_flops: float | None           # per rank; None = unknown (no time estimate)
     headroom: float = 0.10
     framework_gib: float = 3.0
+    network_gbps: float | None = None  # per node (EFA on p4/p5); None = unknown (no network time)
 
 
 @dataclass
@@ -114,7 +127,8 @@ class Evaluation:
     step_seconds: float | None
     reasons: list[str] = field(default_factory=list)
     microbatches: int | None = None    # per step and data-parallel rank: global_batch / (micro_batch x dp)
-    bubble: float = 0.0                # pipeline bubble, a fraction of the step's compute (Megatron, pp > 1)
+    bubble: float = 0.0                # pipeline bubble, a fraction of the step's compute (pp > 1)
+    traffic: Traffic | None = None     # the built-in trainer's data-parallel collectives per step (dp > 1)
 
     @property
     def ok(self) -> bool:
@@ -123,12 +137,15 @@ class Evaluation:
 
 def layout_problems(spec: ModelSpec, hw: Hardware) -> list[str]:
     """Why the model's parallelism cannot work on any node count: what its framework lacks, a tp that
-    does not split the model or does not fit a node — each naming its field."""
+    does not split the model or does not fit a node, pipeline stages it cannot split into — each naming its field."""
     found = spec.framework.problems(spec.parallelism, spec.param_dtype)
     found += structure_problems(spec.architecture(), spec.parallelism)
     found += node_problems(spec.parallelism, hw.gpus_per_node)
-    if spec.framework.pp is None:
+    if spec.megatron:
         found += pipeline_problems(spec.shape, spec.parallelism.pp, spec.parallelism.virtual_stages)
+    elif spec.builtin:  # its pipeline split, tied embeddings across stages, ...: what the trainer refuses
+        named = {f for f, _ in found}
+        found += [(f, message) for f, message in builtin_problems(spec.parallelism, spec.architecture()) if f not in named]
     return [f"{spec.path(f)}: {message}" for f, message in found]
 
 
@@ -148,18 +165,16 @@ def evaluate(spec: ModelSpec, hw: Hardware, gpus: int) -> Evaluation:
         layout = resolve_layout(par, gpus, spec.on_gpu)
         if spec.megatron:
             layout = megatron_layout(layout, par.reduce_dtype)
-            m = microbatches(spec.global_batch, spec.micro_batch, layout.dp)
-            bubble = pipeline_bubble(layout.pp, par.virtual_stages, m)
+        m = microbatches(spec.global_batch, spec.micro_batch, layout.dp)
+        bubble = pipeline_bubble(layout.pp, par.virtual_stages, m)
         if spec.global_batch % (spec.micro_batch * layout.dp):
             reasons.append(f"global_batch {spec.global_batch} is not a multiple of micro_batch x dp = "
                            f"{spec.micro_batch} x {layout.dp} on {where}")
+        elif not spec.megatron:  # torch's schedules; Megatron's 1F1B runs fewer micro-batches than stages too
+            reasons += [f"{spec.path(f)}: {message} ({where})" for f, message in microbatch_problems(par, m)]
     memory = budget = None
     if layout is not None and not structural:
-        if spec.megatron:
-            memory = estimate_megatron_memory(spec.shape, layout, spec.micro_batch, m, par.virtual_stages,
-                                              spec.flash_attention, hw.framework_gib)
-        else:
-            memory = estimate_memory(spec.shape, layout, spec.micro_batch, spec.flash_attention, hw.framework_gib)
+        memory = _memory(spec, hw, layout, m)
         if hw.gpu_memory_gib is not None:
             budget = memory_budget(hw.gpu_memory_gib, hw.headroom)
             if memory.total_bytes > budget:
@@ -167,7 +182,7 @@ def evaluate(spec: ModelSpec, hw: Hardware, gpus: int) -> Evaluation:
                 reasons.append(
                     f"does not fit: needs {memory.total_bytes / GiB:.1f} GiB per GPU ({described}) but "
                     f"{budget / GiB:.1f} GiB is usable ({hw.gpu_memory_gib:g} GiB less {hw.headroom:.0%} headroom); "
-                    f"{_memory_hint(spec, hw)}"
+                    f"{_memory_hint(spec, hw, gpus, budget, memory.total_bytes)}"
                 )
     seconds = step = None
     if hw.peak_flops:
@@ -176,7 +191,10 @@ def evaluate(spec: ModelSpec, hw: Hardware, gpus: int) -> Evaluation:
                 * (1 + bubble))
         if spec.deadline_days is not None and seconds > spec.deadline_days * DAY:
             reasons.append(f"takes {seconds / DAY:.1f} days on {where}, over the deadline of {spec.deadline_days:g} days")
-    return Evaluation(gpus, layout, memory, budget, seconds, step, reasons, m, bubble)
+    traffic = None
+    if layout is not None and not structural and spec.builtin:
+        traffic = data_parallel_traffic(spec.shape, layout, m, hw.gpus_per_node, hw.network_gbps)
+    return Evaluation(gpus, layout, memory, budget, seconds, step, reasons, m, bubble, traffic)
 
 
 def _next_tp(spec: ModelSpec, hw: Hardware) -> int | None:
@@ -191,22 +209,83 @@ def _next_tp(spec: ModelSpec, hw: Hardware) -> int | None:
     return None
 
 
+def _memory(spec: ModelSpec, hw: Hardware, layout: ParallelLayout, m: int) -> MemoryEstimate:
+    """The most loaded rank's memory of ``spec`` on ``layout`` (``m`` micro-batches per step)."""
+    if spec.megatron:
+        return estimate_megatron_memory(spec.shape, layout, spec.micro_batch, m, spec.parallelism.virtual_stages,
+                                        spec.flash_attention, hw.framework_gib)
+    return estimate_memory(spec.shape, layout, spec.micro_batch, spec.flash_attention, hw.framework_gib, m)
+
+
 def _next_pp(spec: ModelSpec) -> int | None:
-    """The smallest pp above the model's that divides its layers (a framework with pipeline parallelism)."""
+    """The smallest pp above the model's that divides its layers (Megatron: equal stages)."""
     layers = spec.shape.layers
     return next((pp for pp in range(spec.parallelism.pp + 1, layers + 1) if layers % pp == 0), None)
 
 
-def _memory_hint(spec: ModelSpec, hw: Hardware) -> str:
-    """What could make the model fit, among what its framework implements (fields of models[i])."""
+_SHARE = {2: "half the", 3: "a third of the", 4: "a quarter of the"}
+
+
+def _pp_tip(spec: ModelSpec, hw: Hardware, gpus: int, budget: int, needs: int) -> str | None:
+    """The built-in trainer's pp hint: the smallest pp above the model's that fits on ``gpus`` GPUs, else the one
+    that needs least, with the memory of its most loaded rank — ``parallelism.pp: 2 (each rank then holds half
+    the layers: 61.2 GiB)``; with tied embeddings, also untying them (the trainer cannot tie across stages). Only a
+    pp that needs less than the ``needs`` bytes of now: under 1F1B the first stage still holds L blocks'
+    activations, and with FSDP2 a stage keeps its blocks gathered with unsharded gradients, so pp may not help.
+    When no pp runs on ``gpus`` (tp x pp does not divide it, too few micro-batches), the smallest pp the model
+    splits into and the GPU multiple it needs. None when no pp above the model's splits it or none helps."""
+    par = spec.parallelism
+    untie = {"tie_embeddings": False} if spec.shape.tie_embeddings else {}
+    shape = replace(spec.shape, **untie)
+    arch = spec.architecture().model_copy(update=untie)
+    untied = " with model.tie_embeddings: false" if untie else ""
+    first = least = None
+    runs = False
+    for pp in range(par.pp + 1, spec.shape.layers // par.virtual_stages + 1):
+        trial = par.model_copy(update={"pp": pp})
+        if split_problems(arch, trial):
+            continue
+        first = first or pp
+        if world_problems(trial, gpus):
+            continue
+        layout = resolve_layout(trial, gpus, spec.on_gpu)
+        m = microbatches(spec.global_batch, spec.micro_batch, layout.dp)
+        if spec.global_batch % (spec.micro_batch * layout.dp) or microbatch_problems(trial, m):
+            continue
+        mem = estimate_memory(shape, layout, spec.micro_batch, spec.flash_attention, hw.framework_gib, m)
+        runs = True
+        if mem.total_bytes >= needs:
+            continue
+        layers = spec.shape.layers
+        if layers % pp:
+            share = f"the most loaded rank then holds {mem.layers} of the {layers} layers"
+        else:
+            share = f"each rank then holds {_SHARE.get(pp, f'{layers // pp} of the {layers}')} layers"
+        tip = f"parallelism.pp: {pp} ({share}: {mem.total_bytes / GiB:.1f} GiB){untied}"
+        if mem.total_bytes <= budget:
+            return tip
+        if least is None or mem.total_bytes < least[0]:
+            least = (mem.total_bytes, tip)
+    if least is not None:
+        return least[1]
+    if first is None or runs:
+        return None
+    return f"parallelism.pp: {first} (on a multiple of tp x pp = {par.tp * first} GPUs){untied}"
+
+
+def _memory_hint(spec: ModelSpec, hw: Hardware, gpus: int | None = None, budget: int | None = None,
+                 needs: int | None = None) -> str:
+    """What could make the model fit, among what its framework implements (fields of models[i]); for the built-in
+    trainer pp with the memory it leaves on ``gpus`` GPUs (now ``needs`` bytes), and when pp is the only setting
+    left, why."""
     fw, par = spec.framework, spec.parallelism
     tips = []
     if par.zero_stage == 0 and spec.megatron:
         tips.append("parallelism.zero_stage: 1 (the distributed optimizer)")
     elif par.zero_stage == 0 and 3 in fw.zero_stages:
         tips.append("parallelism.zero_stage: 3")
-    elif par.zero_stage == 3 and not par.reshard_after_forward and not spec.megatron:
-        tips.append("parallelism.reshard_after_forward: true")
+    elif par.zero_stage == 3 and not par.reshard_after_forward and not spec.megatron and par.pp == 1:
+        tips.append("parallelism.reshard_after_forward: true")  # with pp > 1 the blocks stay gathered anyway
     if par.recompute != "full" and len(fw.recompute) > 1:
         want = "selective" if par.recompute == "none" and "selective" in fw.recompute else "full"
         if want in fw.recompute:
@@ -214,14 +293,33 @@ def _memory_hint(spec: ModelSpec, hw: Hardware) -> str:
     tp = _next_tp(spec, hw) if 3 in fw.zero_stages else None
     if tp is not None:
         tips.append(f"parallelism.tp: {tp}" + (" with sequence_parallel: true" if fw.sequence_parallel else ""))
-    pp = _next_pp(spec) if fw.pp is None else None
-    if pp is not None:
-        tips.append(f"parallelism.pp: {pp}")
+    if spec.megatron:
+        pp = _next_pp(spec) if fw.pp is None else None
+        if pp is not None:
+            tips.append(f"parallelism.pp: {pp}")
+    elif fw.pp is None and gpus is not None and budget is not None and needs is not None:
+        pp_tip = _pp_tip(spec, hw, gpus, budget, needs)
+        if pp_tip is not None:
+            if not tips:
+                pp_tip += f": the only layout setting left ({_exhausted(spec, hw)})"
+            tips.append(pp_tip)
     if spec.micro_batch > 1:
         tips.append("a smaller training.micro_batch")
     if tips:
         return "try " + ", ".join(tips)
     return "use a smaller model or GPUs with more memory"
+
+
+def _exhausted(spec: ModelSpec, hw: Hardware) -> str:
+    """Why no other layout setting is left: ``zero_stage 3 shards every state, recompute full, tp 8 = a node's GPUs``."""
+    par = spec.parallelism
+    out = ["zero_stage 3 already shards every state over dp" if par.zero_stage == 3 else f"zero_stage {par.zero_stage}",
+           f"recompute {par.recompute}"]
+    if par.tp == hw.gpus_per_node:
+        out.append(f"tp {par.tp} is a node's GPUs")
+    else:
+        out.append(f"no tp above {par.tp} splits the model within a node")
+    return ", ".join(out)
 
 
 @dataclass

@@ -7,7 +7,9 @@ A model's framework is ``models[].framework``:
 * ``clustertrain`` — the built-in trainer (``clustertrain.train``, :data:`BUILTIN`): DDP
   (``zero_stage: 0``) or FSDP2 full sharding (``zero_stage: 3``), tensor parallelism of any degree
   that splits the model (:func:`clustertrain.train.layout.structure_problems`) with sequence
-  parallelism, no pipeline parallelism yet, activation recomputation ``none``/``selective``/``full``,
+  parallelism, any pp up to the layers (``torch.distributed.pipelining``: an uneven split by compute when pp does
+  not divide them, :func:`clustertrain.train.layout.pipeline_problems`) with ``gpipe``, ``1f1b`` or interleaved
+  virtual stages, activation recomputation ``none``/``selective``/``full``,
   bf16 or fp32 compute over fp32 master weights, attention through ``scaled_dot_product_attention``
   (flash kernels on GPU);
 * ``megatron`` — Megatron-LM's ``pretrain_gpt.py`` (:data:`MEGATRON`): ``zero_stage`` 0 (DDP) or 1-3
@@ -33,7 +35,7 @@ class Framework:
     description: str
     zero_stages: tuple[int, ...]          # 0 = replicate (DDP), 3 = full shard (FSDP2)
     max_tp: int | None                    # largest tensor-parallel degree; None = any that splits the model
-    pp: tuple[int, ...] | None            # pipeline-parallel degrees; (1,) = none, None = any that divides the layers
+    pp: tuple[int, ...] | None            # pipeline-parallel degrees; (1,) = none, None = any the model splits into
     recompute: tuple[str, ...]            # none | selective | full
     sequence_parallel: bool
     param_dtypes: tuple[str, ...]         # compute dtypes: bf16 | fp32
@@ -85,9 +87,10 @@ def _show(value: Any) -> str:
 BUILTIN = Framework(
     name="builtin",
     description="the built-in trainer (clustertrain.train): DDP or FSDP2, DTensor tensor/sequence parallelism, "
-                "activation checkpointing, fp32 master weights and AdamW states",
-    zero_stages=(0, 3), max_tp=None, pp=(1,), recompute=("none", "selective", "full"), sequence_parallel=True,
-    param_dtypes=("bf16", "fp32"), flash_attention=True,
+                "torch.distributed.pipelining stages (gpipe, 1F1B, interleaved), activation checkpointing, fp32 master "
+                "weights and AdamW states",
+    zero_stages=(0, 3), max_tp=None, pp=None, recompute=("none", "selective", "full"), sequence_parallel=True,
+    param_dtypes=("bf16", "fp32"), flash_attention=True, virtual_stages=True,
 )
 
 MEGATRON = Framework(

@@ -50,14 +50,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from clustertrain.plan.memory import (
+from clustertrain.plan.memory import (  # the pipeline arithmetic is shared with the built-in trainer's plan
     DTYPE_BYTES,
     GiB,
     MemoryEstimate,
     StateBytes,
     _local_numel,
     chunk_rows,
+    in_flight_chunks,
     layer_activation_bytes,
+    microbatches,  # noqa: F401 (re-exported)
+    pipeline_bubble,  # noqa: F401 (re-exported)
 )
 from clustertrain.plan.shape import ModelShape
 from clustertrain.train.layout import ParallelLayout
@@ -94,26 +97,6 @@ def megatron_vocab(arch, tokenizer: str, tp: int) -> int:
         size = load_tokenizer(tokenizer).vocab_size
     multiple = MAKE_VOCAB_SIZE_DIVISIBLE_BY * tp
     return -(-size // multiple) * multiple
-
-
-def microbatches(global_batch: int, micro_batch: int, dp: int) -> int:
-    """Micro-batches per step and data-parallel rank (m); at least 1 (a batch that does not divide is refused elsewhere)."""
-    return max(1, global_batch // (micro_batch * dp))
-
-
-def in_flight_chunks(pp: int, virtual_stages: int, m: int, stage: int) -> int:
-    """Model chunks (of L/(pp x vp) blocks) whose activations pipeline stage ``stage`` holds at its peak:
-    1F1B warm-up + 1 (Megatron's ``get_pp_rank_microbatches``), never more than the step's m x vp."""
-    if pp == 1:
-        return 1
-    if virtual_stages == 1:
-        return min(m, pp - stage)
-    return min(m * virtual_stages, 2 * (pp - stage - 1) + (virtual_stages - 1) * pp + 1)
-
-
-def pipeline_bubble(pp: int, virtual_stages: int, m: int) -> float:
-    """The bubble of a 1F1B step as a fraction of its compute: (pp - 1) / (vp x m); 0 without pipelining."""
-    return (pp - 1) / (virtual_stages * m) if pp > 1 else 0.0
 
 
 def stage_params(shape: ModelShape, tp: int, pp: int, stage: int) -> int:

@@ -14,7 +14,11 @@ model on gloo ranks and compares with its local shards). Per parameter tensor of
   3. bytes: parameters fp32 4, gradients fp32 4, AdamW ``exp_avg`` + ``exp_avg_sq`` fp32 8 per local
      element, plus AdamW's scalar fp32 ``step`` (4 bytes) per tensor. ``param_dtype: bf16`` changes
      only the compute copy (below), never these: the sharded fp32 tensors are the master weights.
-  Tied embeddings are one tensor. The planner reports the most loaded rank, rank 0.
+  Tied embeddings are one tensor. Pipeline parallelism (pp > 1): a rank holds the tensors of its stages
+  (:meth:`~clustertrain.train.layout.ParallelLayout.rank_stages`; the blocks of each stage by
+  :func:`stage_split`, the trainer's own split): the embeddings on stage 0, the final norm and output layer on
+  the last, its blocks in between; tp and FSDP2 then split each tensor as above, and the AdamW ``step`` counts
+  per tensor the rank holds.
 
 Transient buffers — stated allowances (:func:`buffer_bytes`), not counted tensors:
   DDP: gradient buckets 4 B/param when d > 1 (``gradient_as_bucket_view`` is off: the buckets are a
@@ -25,6 +29,11 @@ Transient buffers — stated allowances (:func:`buffer_bytes`), not counted tens
        plus the root group (embeddings, final norm, head: the root never reshards after forward);
        with ``reshard_after_forward: false`` every block stays gathered from forward to backward.
        Plus one block's unsharded gradients in ``reduce_dtype`` before their reduce-scatter.
+       Under pipeline parallelism torch's ``PipelineStage`` runs every micro-batch's backward with
+       ``set_reshard_after_backward(False)`` and ``set_requires_gradient_sync(False)`` and reduce-scatters once,
+       after the step's last micro-batch: from its first backward to the step's end each block of the rank's
+       stages stays gathered (compute dtype) and accumulates its unsharded gradient (``reduce_dtype``) — both
+       counted for every block and stage root the rank holds, whatever ``reshard_after_forward`` says.
 
 Activations per block and micro-batch (Korthikanti et al. 2022, "Reducing Activation Recomputation
 in Large Transformer Models", §4, Table 2), generalised from their 34·s·b·h + 5·a·s²·b bytes:
@@ -38,7 +47,19 @@ in Large Transformer Models", §4, Table 2), generalised from their 34·s·b·h 
   attention core; ``full`` keeps only each block's input e·sbh (÷ t with SP) and needs one block's
   full activations while recomputing it. Extras: embedding dropout mask sbh (÷ t with SP) when
   dropout > 0; output layer 2e·sbh (÷ t with SP) + 4·sbV/t (fp32 logits for the loss; with tp the
-  logits stay vocabulary-sharded into the loss). One micro-batch is in flight (no pipeline yet).
+  logits stay vocabulary-sharded into the loss). Without pipeline parallelism one micro-batch is in flight.
+
+Pipeline stages (pp > 1; :func:`estimate_memory`): pipeline rank r holds the activations of the micro-batches in
+flight on its stages at its peak (:func:`in_flight_chunks`, m = global_batch / (micro_batch x dp) per step):
+``gpipe`` every one of the m (all forwards run before the first backward), ``1f1b`` min(m, pp - r) (its warm-up
+forwards + 1), ``interleaved_1f1b`` min(m v, 2(pp - r - 1) + (v - 1) pp + 1) chunks of L/(pp v) blocks (torch's
+``ScheduleInterleaved1F1B`` warm-up + 1, the same count as Megatron's). The first stage adds the embedding dropout
+mask per micro-batch in flight, the last the output layer's inputs and fp32 logits for one micro-batch (its
+backward follows its forward at once; ``gpipe``: for all m). The most loaded rank is the pipeline rank (dp and
+tp rank 0) with the largest total; the planner reports that one.
+
+Time (:mod:`clustertrain.plan.allocate`): a step takes (1 + (pp - 1) / (v m)) times its compute, the pipeline
+bubble (Narayanan et al. 2021; ``gpipe`` and ``1f1b`` have v = 1).
 
 Framework (CUDA context, NCCL buffers, cuBLAS workspaces): ``plan.framework_gib``, a stated allowance.
 The budget is the GPU's memory less ``plan.headroom`` (a fraction kept free).
@@ -52,7 +73,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from clustertrain.plan.shape import ModelShape, ParamTensor, parameter_tensors
-from clustertrain.train.layout import ParallelLayout
+from clustertrain.train.layout import ParallelLayout, stage_costs, stage_layers
 
 GiB = 1024**3
 #: bytes per element of a dtype name of ParallelLayout
@@ -71,7 +92,7 @@ class StateBytes(NamedTuple):
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Bytes on the most loaded rank (rank 0); ``params``: the parameter elements it holds."""
+    """Bytes on the most loaded rank; ``params``: the parameter elements it holds."""
 
     params: int
     weights_bytes: int
@@ -111,13 +132,21 @@ def _numel(dims: tuple[int, ...]) -> int:
     return math.prod(dims)
 
 
+_FIRST = ("tok_emb.weight", "pos_emb.weight")
+
+
 @lru_cache(maxsize=256)
 def _groups(shape: ModelShape, part: str) -> tuple[tuple[ParamTensor, int], ...]:
-    """The tensors of ``part`` (``all``, ``block`` = block 0, ``root``) grouped by (shape, tp dim): the blocks
-    are identical, so the planner's ~500 evaluations of a 7-model cluster count a handful of groups each."""
-    keep = {"all": lambda t: True, "block": lambda t: t.block == 0, "root": lambda t: t.block is None}[part]
+    """The tensors of ``part`` (``all``, ``block`` = block 0, ``root``; ``first`` = the embeddings of pipeline stage
+    0, ``last`` = the final norm and output layer of the last stage) grouped by (shape, tp dim): the blocks are
+    identical, so the planner's ~500 evaluations of a 7-model cluster count a handful of groups each."""
+    keep = {"all": lambda t: True, "block": lambda t: t.block == 0, "root": lambda t: t.block is None,
+            "first": lambda t: t.name in _FIRST, "last": lambda t: t.block is None and t.name not in _FIRST}[part]
+    tensors = parameter_tensors(shape)
+    if part == "last" and shape.tie_embeddings:  # pp > 1: the last stage's output layer is a tensor of its own
+        tensors.append(ParamTensor("head.weight", (shape.vocab, shape.hidden), 0, None))
     counts: dict[tuple, list] = {}
-    for t in parameter_tensors(shape):
+    for t in tensors:
         if keep(t):
             counts.setdefault((t.shape, t.tp_dim), [t, 0])[1] += 1
     return tuple((t, n) for t, n in counts.values())
@@ -127,24 +156,79 @@ def _local_numel(shape: ModelShape, part: str, layout: ParallelLayout, rank: int
     return sum(n * _numel(local_shape(t, layout, rank)) for t, n in _groups(shape, part))
 
 
+def _tensors(shape: ModelShape, part: str) -> int:
+    return sum(n for _, n in _groups(shape, part))
+
+
+@lru_cache(maxsize=256)
+def stage_split(shape: ModelShape, stages: int) -> list[range]:
+    """The blocks of each of ``stages`` pipeline stages — the trainer's split
+    (:func:`clustertrain.train.parallel.pipeline.rank_layers`: ``stage_layers(arch.layers, stages, stage_costs(arch,
+    vocab))``; ``stage_costs`` reads hidden, ffn_dim, seq_len and mlp, which a shape carries as the arch does)."""
+    return stage_layers(shape.layers, stages, stage_costs(shape, shape.vocab))
+
+
+@dataclass(frozen=True)
+class RankParts:
+    """What one rank holds of the model: its pipeline stages, their blocks, and whether it has the embeddings
+    (stage 0) and the final norm and output layer (the last stage)."""
+
+    stages: tuple[int, ...]
+    blocks: tuple[int, ...]      # blocks per stage, in the order of ``stages``
+    first: bool
+    last: bool
+
+    @property
+    def layers(self) -> int:
+        return sum(self.blocks)
+
+
+def rank_parts(shape: ModelShape, layout: ParallelLayout, rank: int = 0) -> RankParts:
+    """The stages ``rank`` holds (:meth:`ParallelLayout.rank_stages`) and their blocks (:func:`stage_split`)."""
+    if layout.pp == 1:
+        return RankParts((0,), (shape.layers,), True, True)
+    split = stage_split(shape, layout.stages)
+    stages = tuple(layout.rank_stages(rank))
+    return RankParts(stages, tuple(len(split[s]) for s in stages), 0 in stages, layout.stages - 1 in stages)
+
+
+def _held_numel(shape: ModelShape, parts: RankParts, layout: ParallelLayout, rank: int = 0) -> int:
+    """Local elements of the tensors of ``parts`` (whole model when it holds every stage: tied weights once)."""
+    if parts.first and parts.last:
+        return _local_numel(shape, "all", layout, rank)
+    n = parts.layers * _local_numel(shape, "block", layout, rank)
+    n += _local_numel(shape, "first", layout, rank) if parts.first else 0
+    return n + (_local_numel(shape, "last", layout, rank) if parts.last else 0)
+
+
 def trainer_state_bytes(shape: ModelShape, layout: ParallelLayout, rank: int = 0) -> StateBytes:
     """(parameter, gradient, optimizer) bytes that ``rank`` holds after an optimizer step — the sum over
-    the local shards of its parameters, their fp32 gradients and AdamW states (module docstring)."""
-    assert layout.pp == 1, "pipeline stages are not modelled yet (parallelism.pp is 1)"
-    local = _local_numel(shape, "all", layout, rank)
-    return StateBytes(PARAM_BYTES * local, GRAD_BYTES * local, ADAM_BYTES * local + STEP_BYTES * shape.param_tensors())
+    the local shards of the tensors of its pipeline stages, their fp32 gradients and AdamW states (module docstring)."""
+    parts = rank_parts(shape, layout, rank)
+    local = _held_numel(shape, parts, layout, rank)
+    if parts.first and parts.last:
+        tensors = shape.param_tensors()
+    else:
+        tensors = (parts.layers * _tensors(shape, "block") + (_tensors(shape, "first") if parts.first else 0)
+                   + (_tensors(shape, "last") if parts.last else 0))
+    return StateBytes(PARAM_BYTES * local, GRAD_BYTES * local, ADAM_BYTES * local + STEP_BYTES * tensors)
 
 
-def buffer_bytes(shape: ModelShape, layout: ParallelLayout) -> int:
-    """Transient bytes beyond the model states and activations on rank 0 (allowances in the module docstring)."""
+def buffer_bytes(shape: ModelShape, layout: ParallelLayout, rank: int = 0) -> int:
+    """Transient bytes beyond the model states and activations on ``rank`` (allowances in the module docstring)."""
+    parts = rank_parts(shape, layout, rank)
     if not layout.fsdp:
-        params = _local_numel(shape, "all", layout)
+        params = _held_numel(shape, parts, layout, rank)
         buckets = GRAD_BYTES * params if layout.dp > 1 else 0
         autocast = DTYPE_BYTES["bf16"] * params if layout.param_dtype == "bf16" else 0
         return buckets + autocast
     gathered_layout = ParallelLayout(world=layout.tp, dp=1, tp=layout.tp)  # what FSDP2 gathers: tp-local, not dp-sharded
-    block = _local_numel(shape, "block", gathered_layout)
-    root = _local_numel(shape, "root", gathered_layout)
+    tp_rank = layout.tp_rank(rank)
+    if layout.pp > 1:  # every block and root of the rank's stages: gathered and with an unsharded gradient
+        held = _held_numel(shape, parts, gathered_layout, tp_rank)
+        return (DTYPE_BYTES[layout.param_dtype] + DTYPE_BYTES[layout.reduce_dtype]) * held
+    block = _local_numel(shape, "block", gathered_layout, tp_rank)
+    root = _local_numel(shape, "root", gathered_layout, tp_rank)
     gathered_blocks = min(2, shape.layers) if layout.reshard_after_forward else shape.layers
     gathered = DTYPE_BYTES[layout.param_dtype] * (root + gathered_blocks * block)
     return gathered + DTYPE_BYTES[layout.reduce_dtype] * block
@@ -173,29 +257,92 @@ def layer_activation_bytes(shape: ModelShape, layout: ParallelLayout, micro_batc
     return replicated / sp + split / t + core / t
 
 
-def activation_bytes(shape: ModelShape, layout: ParallelLayout, micro_batch: int = 1, flash_attention: bool = True) -> float:
-    """Activation bytes of one micro-batch through the whole model on one rank (module docstring)."""
+def microbatches(global_batch: int, micro_batch: int, dp: int) -> int:
+    """Micro-batches per step and data-parallel rank (m); at least 1 (a batch that does not divide is refused elsewhere)."""
+    return max(1, global_batch // (micro_batch * dp))
+
+
+def in_flight_chunks(pp: int, virtual_stages: int, m: int, stage: int, schedule: str = "1f1b") -> int:
+    """Model chunks (of L/(pp x vp) blocks; a whole stage without virtual stages) whose activations pipeline rank
+    ``stage`` holds at its peak: ``gpipe`` all m; 1F1B warm-up + 1 (torch's ``Schedule1F1B`` and
+    ``ScheduleInterleaved1F1B``, Megatron's ``get_pp_rank_microbatches``), never more than the step's m x vp."""
+    if pp == 1:
+        return 1
+    if schedule == "gpipe":
+        return m
+    if virtual_stages == 1:
+        return min(m, pp - stage)
+    return min(m * virtual_stages, 2 * (pp - stage - 1) + (virtual_stages - 1) * pp + 1)
+
+
+def pipeline_bubble(pp: int, virtual_stages: int, m: int) -> float:
+    """The bubble of a pipelined step as a fraction of its compute: (pp - 1) / (vp x m) (GPipe and 1F1B: vp = 1);
+    0 without pipelining."""
+    return (pp - 1) / (virtual_stages * m) if pp > 1 else 0.0
+
+
+def activation_bytes(shape: ModelShape, layout: ParallelLayout, micro_batch: int = 1, flash_attention: bool = True,
+                     m: int = 1, pp_rank: int = 0) -> float:
+    """Activation bytes on a rank of pipeline rank ``pp_rank`` at its peak: one micro-batch through the whole model
+    without pipelining, the micro-batches its schedule keeps in flight on its stages with it (``m`` per step;
+    module docstring)."""
     t = layout.tp
     sp = t if layout.sequence_parallel else 1
     sbh = shape.seq_len * micro_batch * shape.hidden
     e = DTYPE_BYTES[layout.param_dtype]
-    total = shape.layers * layer_activation_bytes(shape, layout, micro_batch, flash_attention)
+    parts = rank_parts(shape, layout, pp_rank * layout.dp * layout.tp)
+    chunks = in_flight_chunks(layout.pp, layout.virtual_stages, m, pp_rank, layout.schedule)
+    per_layer = layer_activation_bytes(shape, layout, micro_batch, flash_attention)
+    if layout.pp == 1:
+        held = shape.layers
+    elif layout.schedule == "interleaved_1f1b":   # equal chunks (interleaving needs layers % (pp v) == 0)
+        held = chunks * shape.layers / layout.stages
+    else:
+        held = chunks * parts.layers
+    in_flight = chunks / layout.virtual_stages    # micro-batches' worth of the rank's stages
+    total = held * per_layer
     if layout.recompute == "full":
         total += layer_activation_bytes(shape, layout, micro_batch, flash_attention, recompute="none")
-    if shape.dropout > 0:
-        total += sbh / sp
-    return total + 2 * e * sbh / sp + 4 * shape.seq_len * micro_batch * math.ceil(shape.vocab / t)
+    if parts.first and shape.dropout > 0:
+        total += in_flight * sbh / sp
+    if parts.last:
+        logits = 2 * e * sbh / sp + 4 * shape.seq_len * micro_batch * math.ceil(shape.vocab / t)
+        total += (m if layout.pp > 1 and layout.schedule == "gpipe" else 1) * logits
+    return total
+
+
+@dataclass(frozen=True)
+class TrainerMemory(MemoryEstimate):
+    """:class:`MemoryEstimate` of the built-in trainer's most loaded rank: its pipeline rank (0 without pipelining),
+    the stages it holds, their blocks, and how many micro-batches' activations it holds at its peak."""
+
+    pp_rank: int = 0
+    stages: tuple[int, ...] = (0,)
+    layers: int = 0
+    in_flight: float = 1.0
+
+
+def rank_memory(shape: ModelShape, layout: ParallelLayout, pp_rank: int = 0, micro_batch: int = 1,
+                flash_attention: bool = True, framework_gib: float = 0.0, m: int = 1) -> TrainerMemory:
+    """Memory of the first rank of pipeline rank ``pp_rank`` (dp and tp rank 0, the most loaded of its group)."""
+    rank = pp_rank * layout.dp * layout.tp
+    weights, grads, optim = trainer_state_bytes(shape, layout, rank)
+    parts = rank_parts(shape, layout, rank)
+    chunks = in_flight_chunks(layout.pp, layout.virtual_stages, m, pp_rank, layout.schedule)
+    return TrainerMemory(
+        params=weights // PARAM_BYTES, weights_bytes=weights, grads_bytes=grads, optimizer_bytes=optim,
+        activations_bytes=math.ceil(activation_bytes(shape, layout, micro_batch, flash_attention, m, pp_rank)),
+        buffers_bytes=buffer_bytes(shape, layout, rank), framework_bytes=int(framework_gib * GiB),
+        pp_rank=pp_rank, stages=parts.stages, layers=parts.layers, in_flight=chunks / layout.virtual_stages,
+    )
 
 
 def estimate_memory(shape: ModelShape, layout: ParallelLayout, micro_batch: int = 1, flash_attention: bool = True,
-                    framework_gib: float = 0.0) -> MemoryEstimate:
-    """Memory of rank 0 (the most loaded) for ``layout`` (formulas in the module docstring)."""
-    weights, grads, optim = trainer_state_bytes(shape, layout)
-    return MemoryEstimate(
-        params=weights // PARAM_BYTES, weights_bytes=weights, grads_bytes=grads, optimizer_bytes=optim,
-        activations_bytes=math.ceil(activation_bytes(shape, layout, micro_batch, flash_attention)),
-        buffers_bytes=buffer_bytes(shape, layout), framework_bytes=int(framework_gib * GiB),
-    )
+                    framework_gib: float = 0.0, m: int = 1) -> TrainerMemory:
+    """Memory of the most loaded rank for ``layout`` (formulas in the module docstring): rank 0 without pipeline
+    parallelism, else the pipeline rank (dp and tp rank 0) that needs the most, ``m`` micro-batches per step."""
+    found = [rank_memory(shape, layout, r, micro_batch, flash_attention, framework_gib, m) for r in range(layout.pp)]
+    return max(found, key=lambda mem: mem.total_bytes)  # max keeps the earlier pipeline rank on a tie
 
 
 def memory_budget(gpu_memory_gib: float, headroom: float) -> int:

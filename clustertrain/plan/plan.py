@@ -8,7 +8,9 @@ another, each on ``models[].plan.nodes`` or ``cluster.nodes``.
 Each model is planned with its ``models[].parallelism`` section, the one the trainer reads, resolved
 into a :class:`~clustertrain.train.layout.ParallelLayout` on the node count it gets
 (``ModelPlan.layout``); a setting its framework (:mod:`clustertrain.plan.frameworks`) lacks makes it
-infeasible. A Megatron-LM model (``models[].framework: megatron``) is planned with Megatron's arithmetic
+infeasible. The built-in trainer's pipeline stages (``parallelism.pp > 1``) are planned on their most loaded
+pipeline rank, with the pipeline bubble in the step time; its data-parallel collectives per step are set against
+the step's compute (:mod:`clustertrain.plan.traffic`). A Megatron-LM model (``models[].framework: megatron``) is planned with Megatron's arithmetic
 (:mod:`clustertrain.plan.megatron_memory`: its vocabulary padding, distributed optimizer, pipeline stages
 and bubble) and its layout said in Megatron's words (``tp 2 x pp 4 (vp 2) x dp 11, distributed optimizer``).
 The price applies only in the project's region (``aws.region``, else ``storage.region``); a catalog price
@@ -27,6 +29,7 @@ from clustertrain.plan.allocate import DAY, Allocation, Evaluation, Hardware, Mo
 from clustertrain.plan.catalog import Instance, find_instance, load_catalog
 from clustertrain.plan.frameworks import BUILTIN, MEGATRON, framework_of
 from clustertrain.plan.megatron_memory import MegatronMemory, megatron_layout_text, megatron_vocab
+from clustertrain.plan.memory import TrainerMemory
 from clustertrain.plan.shape import ModelShape, model_vocab
 from clustertrain.train.layout import ParallelLayout
 
@@ -50,8 +53,8 @@ class ModelPlan:
     nodes: float | None               # fractional with node sharing; None when infeasible
     gpus: int | None
     fixed: bool
-    memory: dict[str, int] | None     # bytes on rank 0: params (elements), weights, grads, optimizer, activations,
-                                      #   buffers, framework, total
+    memory: dict[str, int] | None     # bytes on the most loaded rank (rank 0 without pipelining): params (elements),
+                                      #   weights, grads, optimizer, activations, buffers, framework, total
     memory_budget_bytes: int | None
     step_time_s: float | None
     days: float | None
@@ -59,10 +62,16 @@ class ModelPlan:
     cost_usd: float | None
     reasons: list[str] = field(default_factory=list)
     framework: str = "builtin"
-    # Megatron-LM models (framework "megatron"); None for the built-in trainer:
+    # Megatron-LM models, and the built-in trainer's with pp > 1 (None otherwise):
     microbatches: int | None = None      # per step and data-parallel rank, global_batch / (micro_batch x dp)
     pipeline_bubble: float | None = None # (pp - 1) / (vp x microbatches): the step takes (1 + this) x its compute
-    memory_stage: str | None = None      # the most loaded pipeline stage: first | last
+    memory_stage: str | None = None      # Megatron: the most loaded pipeline stage, first | last
+    memory_pp_rank: int | None = None    # built-in trainer, pp > 1: the most loaded pipeline rank (its first rank's memory)
+    # the built-in trainer's data-parallel collectives per step (dp > 1; clustertrain.plan.traffic): kind (fsdp | ddp),
+    # params (tp-local elements moved), gathers, reduces, node_bytes (into each node across the network), seconds
+    # (at network_gbps, the node's bandwidth; null when unknown or the group stays on one node), compute_seconds (the
+    # step's, without the bubble)
+    dp_traffic: dict[str, Any] | None = None
 
     @property
     def feasible(self) -> bool:
@@ -118,7 +127,8 @@ def _hardware(project, calibration) -> tuple[Hardware, Instance | None]:
     if c.gpus_per_node > 0:
         if inst is None:
             return Hardware(c.gpus_per_node, None, None, p.headroom, p.framework_gib), None
-        return Hardware(c.gpus_per_node, inst.gpu_memory_gib, inst.peak_bf16_tflops * 1e12, p.headroom, p.framework_gib), inst
+        return Hardware(c.gpus_per_node, inst.gpu_memory_gib, inst.peak_bf16_tflops * 1e12, p.headroom, p.framework_gib,
+                        inst.network_gbps), inst
     ranks = c.ranks_per_node
     host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024**3
     peak = calibration.flops_per_worker if calibration is not None else None
@@ -249,6 +259,16 @@ def _model_plan(spec: ModelSpec, alloc: Allocation, hw: Hardware, price: float |
             m.layout_text = megatron_layout_text(ev.layout, vp, mem)
             m.microbatches, m.pipeline_bubble = ev.microbatches, ev.bubble
             m.memory_stage = mem.stage if mem is not None else None
+        elif ev.layout.pp > 1:
+            mem = ev.memory if isinstance(ev.memory, TrainerMemory) else None
+            m.layout_text = layout_text(ev.layout, mem)
+            m.microbatches, m.pipeline_bubble = ev.microbatches, ev.bubble
+            m.memory_pp_rank = mem.pp_rank if mem is not None else None
+    if ev.traffic is not None:
+        t = ev.traffic
+        m.dp_traffic = {"kind": t.kind, "params": t.params, "gathers": t.gathers, "reduces": t.reduces,
+                        "node_bytes": t.node_bytes, "seconds": t.seconds, "network_gbps": hw.network_gbps,
+                        "compute_seconds": ev.step_seconds / (1 + ev.bubble) if ev.step_seconds is not None else None}
     if ev.memory is not None:
         mem = ev.memory
         m.memory = {"params": mem.params, "weights": mem.weights_bytes, "grads": mem.grads_bytes,
@@ -263,10 +283,18 @@ def _model_plan(spec: ModelSpec, alloc: Allocation, hw: Hardware, price: float |
     return m
 
 
-def layout_text(layout: ParallelLayout) -> str:
-    """``ParallelLayout.describe()``, plus ``no reshard after forward`` where that setting changes the memory."""
+def layout_text(layout: ParallelLayout, memory: TrainerMemory | None = None) -> str:
+    """``ParallelLayout.describe()``, plus ``no reshard after forward`` where that setting changes the memory or the
+    traffic, and with pipeline stages the most loaded pipeline rank: ``most loaded: pp rank 0 (stage 0, 15 layers,
+    4 micro-batches in flight)``."""
     text = layout.describe()
-    return text + ", no reshard after forward" if layout.fsdp and not layout.reshard_after_forward else text
+    if layout.fsdp and not layout.reshard_after_forward:
+        text += ", no reshard after forward"
+    if memory is not None and layout.pp > 1:
+        stages = ", ".join(map(str, memory.stages))
+        text += (f", most loaded: pp rank {memory.pp_rank} (stage{'s' if len(memory.stages) > 1 else ''} {stages}, "
+                 f"{memory.layers} layers, {memory.in_flight:g} micro-batches in flight)")
+    return text
 
 
 def _assumptions(project, hw: Hardware, inst: Instance | None, mfu: float, calibration, specs: list[ModelSpec],
@@ -292,10 +320,25 @@ def _assumptions(project, hw: Hardware, inst: Instance | None, mfu: float, calib
     megatron = [sp.name for sp in specs if sp.megatron]
     if hw.gpu_memory_gib is not None and project.cluster.gpus_per_node and builtin:
         whom = "" if not megatron else f" ({', '.join(sp.name for sp in builtin)})"
-        out.append(f"memory of rank 0{whom}: {p.headroom:.0%} of each GPU kept free; {p.framework_gib:g} GiB per GPU for CUDA "
+        piped = [sp.name for sp in builtin if sp.parallelism.pp > 1]
+        pipeline = ("" if not piped else
+                    f"; pipeline stages ({', '.join(piped)}): the most loaded pipeline rank, its stages' tensors, the "
+                    "activations of the micro-batches its schedule keeps in flight (gpipe all, 1f1b pp - rank, "
+                    "interleaved the warm-up + 1 chunks), with FSDP2 its blocks gathered and their gradients unsharded "
+                    "until the step's end (torch's PipelineStage reduces once per step)")
+        out.append(f"memory of {'rank 0' if not piped else 'the most loaded rank'}{whom}: {p.headroom:.0%} of each GPU kept "
+                   f"free; {p.framework_gib:g} GiB per GPU for CUDA "
                    f"context/NCCL buffers; {'flash' if p.flash_attention else 'materialised'} attention; fp32 parameters, "
                    "gradients and AdamW states (4+4+8 bytes per element of the local shard + 4 per tensor), sharded over dp "
-                   "with zero_stage 3; buffers: DDP gradient buckets and autocast copy, FSDP2 gathered blocks (plan/memory.py)")
+                   "with zero_stage 3; buffers: DDP gradient buckets and autocast copy, FSDP2 gathered blocks (plan/memory.py)"
+                   + pipeline)
+        if piped:
+            out.append(f"time ({', '.join(piped)}): the same FLOPs per token and MFU, times 1 + the pipeline bubble "
+                       "(pp - 1) / (v x micro-batches per step)")
+    if any(sp.framework is BUILTIN for sp in specs) and hw.network_gbps:
+        out.append(f"data-parallel traffic: what FSDP2's all-gathers and reduce-scatters (DDP's all-reduce) bring into each "
+                   f"node per step at {hw.network_gbps:g} Gbit/s per node, set against the step's compute; the step time "
+                   "assumes the collectives hide behind it (plan/traffic.py)")
     if hw.gpu_memory_gib is not None and project.cluster.gpus_per_node and megatron:
         out.append(f"memory of the most loaded rank ({', '.join(megatron)}: Megatron-LM, the first or last pipeline stage): "
                    f"{p.headroom:.0%} of each GPU kept free; {p.framework_gib:g} GiB per GPU for CUDA context/NCCL/Transformer "

@@ -12,8 +12,13 @@ when none does). Version 2 replaced version 1's ``tp``/``pp``/``zero_stage``/``r
 "megatron"``) also carries ``microbatches`` (per step and data-parallel rank), ``pipeline_bubble`` (a fraction
 of the step's compute, included in its step time) and ``memory_stage`` (the most loaded pipeline stage whose
 ``memory`` is shown: ``first`` or ``last``); its ``layout`` adds ``virtual_stages`` and its ``layout_text`` is in
-Megatron's words. The table and Markdown add a ``framework`` column when a model is not the built-in trainer's,
-and a time-per-step line for each Megatron model.
+Megatron's words. A built-in trainer's model with ``pp > 1`` carries ``microbatches``, ``pipeline_bubble`` and
+``memory_pp_rank`` (the most loaded pipeline rank, whose ``memory`` is shown; its ``layout_text`` names its stages,
+layers and micro-batches in flight); with dp > 1 ``dp_traffic`` (:mod:`clustertrain.plan.traffic`: what its
+data-parallel collectives bring into each node per step, the seconds at the node's network bandwidth and the step's
+compute seconds). The table and Markdown add a ``framework`` column when a model is not the built-in trainer's,
+and under "time per step" a line for each Megatron or pipelined model (compute + bubble) and each model whose
+data-parallel group crosses nodes (its traffic against its compute).
 """
 
 from __future__ import annotations
@@ -133,25 +138,55 @@ def _row(plan: Plan, m: ModelPlan) -> list[str]:
 
 
 def _memory_title(plan: Plan) -> str:
-    return "memory per GPU (the most loaded rank)" if _framework_column(plan) else "memory per GPU (rank 0, the most loaded)"
+    if _framework_column(plan) or any(m.parallelism.get("pp", 1) > 1 for m in plan.models):
+        return "memory per GPU (the most loaded rank)"
+    return "memory per GPU (rank 0, the most loaded)"
 
 
 def time_lines(plan: Plan) -> list[str]:
-    """A Megatron model's step: compute at the assumed MFU plus the pipeline bubble (pp - 1) / (vp x m)."""
+    """A Megatron or pipelined model's step: compute at the assumed MFU plus the pipeline bubble (pp - 1) / (vp x m);
+    a model's data-parallel traffic into each node per step against its compute (when it crosses nodes)."""
     out = []
     for m in plan.models:
-        if m.framework != "megatron" or m.step_time_s is None or m.pipeline_bubble is None:
-            continue
-        pp, vp = m.parallelism["pp"], m.parallelism.get("virtual_stages", 1)
-        if pp == 1:
-            out.append(f"{m.name} (megatron): {m.step_time_s:.2f}s per step at {m.mfu:.0%} MFU; no pipeline bubble (pp 1), "
-                       f"{m.microbatches} micro-batch(es) of {m.micro_batch} per data-parallel rank")
-            continue
-        compute = m.step_time_s / (1 + m.pipeline_bubble)
-        out.append(f"{m.name} (megatron): {m.step_time_s:.2f}s per step = {compute:.2f}s compute at {m.mfu:.0%} MFU + "
-                   f"{m.step_time_s - compute:.2f}s pipeline bubble (pp {pp} - 1) / ({f'vp {vp} x ' if vp > 1 else ''}"
-                   f"{m.microbatches} micro-batches) = {m.pipeline_bubble:.1%}")
+        if m.step_time_s is not None and m.pipeline_bubble is not None:
+            out.append(_bubble_line(m))
+        if m.dp_traffic is not None and m.dp_traffic["seconds"] is not None:
+            out.append(_traffic_line(m))
     return out
+
+
+def _bubble_line(m: ModelPlan) -> str:
+    pp, vp = m.parallelism["pp"], m.parallelism.get("virtual_stages", 1)
+    name = f"{m.name} (megatron)" if m.framework == "megatron" else m.name
+    if pp == 1:
+        return (f"{name}: {m.step_time_s:.2f}s per step at {m.mfu:.0%} MFU; no pipeline bubble (pp 1), "
+                f"{m.microbatches} micro-batch(es) of {m.micro_batch} per data-parallel rank")
+    compute = m.step_time_s / (1 + m.pipeline_bubble)
+    return (f"{name}: {m.step_time_s:.2f}s per step = {compute:.2f}s compute at {m.mfu:.0%} MFU + "
+            f"{m.step_time_s - compute:.2f}s pipeline bubble (pp {pp} - 1) / ({f'vp {vp} x ' if vp > 1 else ''}"
+            f"{m.microbatches} micro-batches) = {m.pipeline_bubble:.1%}")
+
+
+def _traffic_line(m: ModelPlan) -> str:
+    """``model-1: data-parallel traffic 503.4 GB into each node per step (fsdp, 14 all-gathers (bf16) + 14
+    reduce-scatters (fp32) over 14 micro-batches of 6.59B tp-local parameters) = 1.26s at 3200 Gbit/s, 21% of its
+    6.07s compute`` (the flagship's model-1)."""
+    t = m.dp_traffic
+    if t["kind"] == "ddp":
+        how = "1 all-reduce of the fp32 gradients per step"
+    else:
+        par = m.parallelism
+        per = "per step" if par.get("pp", 1) > 1 else f"over {t['reduces']} micro-batches"
+        how = (f"{_count(t['gathers'], 'all-gather')} ({par['param_dtype']}) + {_count(t['reduces'], 'reduce-scatter')} "
+               f"({par['reduce_dtype']}) {per}")
+    share = t["seconds"] / t["compute_seconds"] if t.get("compute_seconds") else None
+    return (f"{m.name}: data-parallel traffic {t['node_bytes'] / 1e9:,.1f} GB into each node per step ({t['kind']}, "
+            f"{how} of {t['params'] / 1e9:.2f}B tp-local parameters) = {t['seconds']:.2f}s at {t['network_gbps']:g} Gbit/s"
+            + (f", {share:.0%} of its {t['compute_seconds']:.2f}s compute" if share is not None else ""))
+
+
+def _count(n: float, what: str) -> str:
+    return f"{n:.3g} {what}" + ("" if n == 1 else "s")
 
 
 def model_row(m: ModelPlan) -> list[str]:

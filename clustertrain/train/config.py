@@ -203,7 +203,8 @@ class ParallelismConfig(StrictModel):
 
 def microbatch_problems(par: ParallelismConfig, microbatches: int) -> list[tuple[str, str]]:
     """(field, problem) for a pipeline schedule that cannot run ``microbatches`` micro-batches per step
-    (= global_batch / (micro_batch x dp)); torch's and Megatron's schedules refuse the same."""
+    (= global_batch / (micro_batch x dp)) — torch.distributed.pipelining's, as the built-in trainer runs them
+    (``Schedule1F1B`` and ``ScheduleInterleaved1F1B`` raise on these; the interleaved rule is Megatron's stricter form)."""
     if par.pp == 1:
         return []
     fix = (f"raise training.global_batch to a multiple of {par.pp} x micro_batch x dp, lower micro_batch, "

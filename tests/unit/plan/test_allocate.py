@@ -65,7 +65,9 @@ def test_does_not_fit_says_by_how_much_and_what_to_set():
     assert len(ev.reasons) == 1
     msg = ev.reasons[0]
     assert msg.startswith("does not fit: needs ") and "GiB per GPU (ddp 112, bf16 params) but 71.6 GiB is usable (79.6 GiB less 10% headroom)" in msg
-    assert msg.endswith("try parallelism.zero_stage: 3, parallelism.recompute: selective, parallelism.tp: 2 with sequence_parallel: true")
+    assert msg.endswith("try parallelism.zero_stage: 3, parallelism.recompute: selective, parallelism.tp: 2 with "
+                        "sequence_parallel: true, parallelism.pp: 8 (each rank then holds 5 of the 40 layers: 64.0 GiB) "
+                        "with model.tie_embeddings: false")  # DDP's 16 B/param over 8 stages: the first pp that fits
     needed = float(msg.split("needs ")[1].split(" GiB")[0])
     assert needed == round(ev.memory.total_bytes / 1024**3, 1)
     assert evaluate(spec(shape=LARGE, par=FSDP), H100, 112).ok
@@ -73,7 +75,8 @@ def test_does_not_fit_says_by_how_much_and_what_to_set():
     msg = evaluate(spec(shape=LARGE, par=ParallelismConfig(zero_stage=3, reshard_after_forward=False, recompute="selective")),
                    tight, 112).reasons[0]
     assert msg.endswith("try parallelism.reshard_after_forward: true, parallelism.recompute: full, "
-                        "parallelism.tp: 2 with sequence_parallel: true")
+                        "parallelism.tp: 2 with sequence_parallel: true, parallelism.pp: 14 (the most loaded rank then "
+                        "holds 3 of the 40 layers: 37.7 GiB) with model.tie_embeddings: false")  # none fits: the least
 
 
 def test_hints_offer_only_what_the_framework_implements():

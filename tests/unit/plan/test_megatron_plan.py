@@ -222,7 +222,7 @@ def test_first_stage_activations_match_megatrons_formula(megatron_theory):
 
 # --- the planner -------------------------------------------------------------------------------------------------
 
-def test_a_megatron_model_plans_with_pipeline_stages_the_builtin_trainer_refuses():
+def test_a_megatron_model_plans_with_pipeline_stages_and_the_builtin_trainer_with_its_own_rules():
     par = ParallelismConfig(zero_stage=1, pp=4, virtual_stages=2)
     ev = evaluate(spec(par), H200, 88)
     assert ev.ok, ev.reasons
@@ -232,8 +232,9 @@ def test_a_megatron_model_plans_with_pipeline_stages_the_builtin_trainer_refuses
     assert flat.bubble == 0 and ev.step_seconds == pytest.approx(flat.step_seconds * (1 + 3 / 112))
     assert ev.memory.stage == "first" and ev.memory.in_flight == 4 * (1 + 3 / 8)
     refused = evaluate(spec(par, framework=BUILTIN), H200, 88)
-    assert "models[0].parallelism.pp: pp 4 is not implemented by the builtin framework (pp: 1)" in refused.reasons
-    assert any(r.startswith("models[0].parallelism.zero_stage: zero_stage 1 is not implemented") for r in refused.reasons)
+    assert not any(r.startswith("models[0].parallelism.pp") for r in refused.reasons)  # the built-in trainer pipelines
+    assert [r.split(":")[0] for r in refused.reasons] == ["models[0].parallelism.zero_stage", "models[0].model.tie_embeddings"]
+    assert refused.reasons[0].startswith("models[0].parallelism.zero_stage: zero_stage 1 is not implemented")
     assert refused.memory is None
     odd = evaluate(spec(ParallelismConfig(zero_stage=1, pp=3)), H200, 96)
     assert odd.reasons[0].startswith("models[0].parallelism.pp: pp=3 does not divide model.layers=32")
@@ -295,7 +296,7 @@ def test_the_flagship_with_model_1_on_megatron():
     assert not [f for f in submit_blockers(project, ["model-1"]) if f.path.startswith("models[0]")]
 
 
-def test_the_flagship_model_1_pipelined_on_megatron_and_refused_on_the_builtin_trainer():
+def test_the_flagship_model_1_pipelined_on_megatron_and_on_the_builtin_trainer_only_untied():
     pipelined = MEGATRON_MODEL_1 + ["models.model-1.parallelism.pp=4", "models.model-1.parallelism.virtual_stages=2",
                                     "models.model-1.parallelism.tp=2", "models.model-1.parallelism.sequence_parallel=true",
                                     "models.model-1.parallelism.recompute=selective"]
@@ -309,8 +310,12 @@ def test_the_flagship_model_1_pipelined_on_megatron_and_refused_on_the_builtin_t
     assert one.step_time_s == pytest.approx(plan.model("model-2").step_time_s * (1 + 3 / 224))
     assert "pipeline bubble (pp 4 - 1) / (vp 2 x 112 micro-batches) = 1.3%" in render_plan(plan, "table")
     assert not [f for f in submit_blockers(project) if f.path.startswith("models[0]")]
-    with pytest.raises(ConfigError, match=r"models\[0\]\.parallelism\.pp: pp=4 is not implemented in the built-in trainer"):
+    # the built-in trainer pipelines too, but its stages cannot share the tied embedding and output layer
+    with pytest.raises(ConfigError, match=r"models\[0\]\.model\.tie_embeddings: true with pp=4: the embedding sits on the "
+                                          r"first pipeline stage and the output layer on the last"):
         load_project(P5E, ["models.model-1.parallelism.pp=4"])
+    builtin = make_plan(load_project(P5E, ["models.model-1.parallelism.pp=4", "models.model-1.model.tie_embeddings=false"]))
+    assert builtin.model("model-1").feasible and builtin.model("model-1").layout["pp"] == 4
 
 
 def test_megatron_without_transformer_engine_keeps_the_attention_scores():

@@ -43,9 +43,9 @@ def test_flagship_is_the_seeds_plan_with_the_layouts_it_carries(flagship):
     assert [m.nodes for m in flagship.models] == [11] * 6 + [14]
     assert all(7 <= m.days <= 14 for m in flagship.models)       # "1-2 weeks each"
     small, large = flagship.models[0], flagship.models[6]
-    assert small.layout == {"world": 88, "dp": 88, "tp": 1, "pp": 1, "zero_stage": 3, "reshard_after_forward": False,
-                            "recompute": "none", "sequence_parallel": False, "compile": False, "param_dtype": "bf16",
-                            "reduce_dtype": "fp32"}
+    assert small.layout == {"world": 88, "dp": 88, "tp": 1, "pp": 1, "virtual_stages": 1, "schedule": "1f1b",
+                            "zero_stage": 3, "reshard_after_forward": False, "recompute": "none",
+                            "sequence_parallel": False, "compile": False, "param_dtype": "bf16", "reduce_dtype": "fp32"}
     assert large.layout["world"] == 112 and large.layout_text.startswith("fsdp 112, bf16 params / fp32 reduce")
     for m in (small, large):                                      # fits, with room: the example's comment says how much
         assert m.memory["total"] < 0.5 * m.memory_budget_bytes

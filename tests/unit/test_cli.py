@@ -91,7 +91,7 @@ def test_config_schema_is_a_json_schema_that_accepts_the_examples_and_refuses_ty
     schema = json.loads(out)
     jsonschema.Draft202012Validator.check_schema(schema)
     validator = jsonschema.Draft202012Validator(schema)
-    for example in ("quickstart.yaml", "p5e-80x7.yaml"):
+    for example in ("quickstart.yaml", "p5e-80x7.yaml", "model7-twin.yaml", "p5-30b.yaml", "p5-30b-twin.yaml"):
         errors = [e.message for e in validator.iter_errors(yaml.safe_load((EXAMPLES / example).read_text()))]
         assert errors == [], (example, errors)
     assert not validator.is_valid(yaml.safe_load((EXAMPLES / "seed-003-cluster.yaml").read_text()))  # not a project

@@ -152,7 +152,10 @@ def world_problems(par: "ParallelismConfig", world: int, ranks_per_node: int | N
     out = node_problems(par, ranks_per_node) if ranks_per_node is not None else []
     mp = par.tp * par.pp
     if world % mp:
-        out.append(("parallelism.tp", f"world size {world} is not divisible by tp x pp = {mp}"))
+        field = "parallelism.pp" if par.pp > 1 else "parallelism.tp"
+        valid = [d for d in range(1, world + 1) if world % (d * par.tp) == 0] if par.pp > 1 else []
+        out.append((field, f"world size {world} is not divisible by tp x pp = {par.tp} x {par.pp} = {mp}"
+                           + (f"; pp that fit with tp={par.tp}: {', '.join(map(str, valid))}" if valid else "")))
     elif par.dp != "auto" and par.dp * mp != world:
         out.append(("parallelism.dp", f"dp={par.dp} x tp={par.tp} x pp={par.pp} = {par.dp * mp} but the job has {world} "
                                       f"ranks; set dp: auto (= {world // mp})"))

@@ -94,6 +94,8 @@ UNTIED = "models.0.model={layers: 6, hidden: 64, heads: 4, seq_len: 32, tie_embe
         ([UNTIED, "models.0.parallelism={pp: 2, virtual_stages: 2}"],
          r"models\[0\]\.parallelism\.virtual_stages: model\.layers=6 does not divide into pp=2 x virtual_stages=2 .*valid "
          r"virtual_stages: 1, 3"),
+        ([UNTIED, "models.0.parallelism.pp=3"],
+         r"models\[0\]\.parallelism\.pp: world size 2 is not divisible by tp x pp = 1 x 3 = 3; pp that fit with tp=1: 1, 2"),
         ([UNTIED, "models.0.parallelism={pp: 2, schedule: interleaved_1f1b}"],
          r"schedule interleaved_1f1b needs virtual_stages >= 2"),
         ([UNTIED, "models.0.parallelism={pp: 2, virtual_stages: 3, schedule: 1f1b}"],

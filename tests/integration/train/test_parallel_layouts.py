@@ -20,16 +20,13 @@ mistake does (a wrong shard, a skipped reduction or a mis-split head changes the
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from clustertrain.launch.local_ranks import free_port
+from tests.support.ranks import launch_ranks, local_state_bytes
 
-ROOT = Path(__file__).resolve().parents[3]
 
 pytestmark = pytest.mark.slow
 
@@ -48,17 +45,6 @@ LAYOUTS = {
 
 
 # -- the ranks' side ------------------------------------------------------------------------------
-def local_bytes(model, optimizer) -> dict[str, int]:
-    def nbytes(t) -> int:
-        t = t.to_local() if hasattr(t, "to_local") else t
-        return t.numel() * t.element_size()
-
-    params = list(model.parameters())
-    optim = sum(nbytes(v) for p in params for v in optimizer.state[p].values() if hasattr(v, "numel"))
-    return {"params": sum(nbytes(p) for p in params), "grads": sum(nbytes(p.grad) for p in params),
-            "optimizer": optim}
-
-
 def train(name: str, overrides: dict, rank: int, world: int) -> dict:
     import torch
 
@@ -89,7 +75,7 @@ def train(name: str, overrides: dict, rank: int, world: int) -> dict:
         set_lr(optimizer, lr_at(step, cfg))
         if step == 0:
             optimizer.step()  # AdamW creates its state at the first step: count after it, grads still held
-            sizes = local_bytes(pm.model, optimizer)
+            sizes = local_state_bytes(pm.model, optimizer)
         else:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -119,17 +105,7 @@ def worker(out: Path) -> None:
 # -- the test's side ------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def result(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("layouts")
-    port, world = free_port(), 4
-    procs = []
-    for rank in range(world):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-        procs.append(subprocess.Popen([sys.executable, __file__, str(out)], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
-    logs = [p.communicate(timeout=600)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
-    return json.loads((out / "result.json").read_text())
+    return launch_ranks(__file__, tmp_path_factory.mktemp("layouts"), 4, timeout=600)
 
 
 @pytest.mark.parametrize("name", ["fsdp", "dp2xtp2", "dp2xtp2-sp", "tp4-sp-full"])

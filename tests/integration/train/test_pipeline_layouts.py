@@ -21,16 +21,13 @@ changes the loss by > 1e-3 within a few steps). Resumes at the same layout are c
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from clustertrain.launch.local_ranks import free_port
+from tests.support.ranks import launch_ranks, local_state_bytes
 
-ROOT = Path(__file__).resolve().parents[3]
 
 pytestmark = pytest.mark.slow
 
@@ -52,17 +49,6 @@ RESHARD = {2: ("pp2-1f1b", {}), 4: ("pp2xdp2-1f1b", {"zero_stage": 3}), 8: ("dp2
 
 
 # -- the ranks' side ------------------------------------------------------------------------------
-def local_bytes(model, optimizer) -> dict[str, int]:
-    def nbytes(t) -> int:
-        t = t.to_local() if hasattr(t, "to_local") else t
-        return t.numel() * t.element_size()
-
-    params = list(model.parameters())
-    optim = sum(nbytes(v) for p in params for v in optimizer.state[p].values() if hasattr(v, "numel"))
-    return {"params": sum(nbytes(p) for p in params), "grads": sum(nbytes(p.grad) for p in params),
-            "optimizer": optim}
-
-
 class Run:
     """One layout's model, optimizer and data on this rank."""
 
@@ -107,7 +93,7 @@ class Run:
         set_lr(self.optimizer, lr_at(step, self.cfg))
         self.optimizer.step()
         if self.bytes is None:  # AdamW creates its state at the first step: count after it, gradients still held
-            self.bytes = local_bytes(self.pm.model, self.optimizer)
+            self.bytes = local_state_bytes(self.pm.model, self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
         self.state.step += 1
         dist.all_reduce(loss)  # every rank holds its dp rank's loss: the mean over ranks is the step's loss
@@ -190,22 +176,9 @@ def worker(out: Path) -> None:
 
 
 # -- the test's side ------------------------------------------------------------------------------
-def launch(out: Path, world: int) -> dict:
-    port = free_port()
-    procs = []
-    for rank in range(world):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-        procs.append(subprocess.Popen([sys.executable, __file__, str(out)], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
-    logs = [p.communicate(timeout=900)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
-    return json.loads((out / "result.json").read_text())
-
-
 @pytest.fixture(scope="module")
 def worlds(tmp_path_factory) -> dict[int, dict]:
-    return {w: launch(tmp_path_factory.mktemp(f"pp{w}"), w) for w in WORLDS}
+    return {w: launch_ranks(__file__, tmp_path_factory.mktemp(f"pp{w}"), w) for w in WORLDS}
 
 
 @pytest.fixture(params=list(WORLDS), ids=lambda w: f"{w}-ranks")

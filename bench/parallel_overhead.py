@@ -136,7 +136,7 @@ def rank_main(args: argparse.Namespace) -> None:
         ends, fb = [time.perf_counter()], []
         for step in range(args.steps):  # Trainer._train_step
             started = time.perf_counter()
-            pm.forward_backward_step(batches(step, dp_rank, accum), 1.0 / accum)
+            pm.forward_backward_step(list(batches(step, dp_rank, accum)), 1.0 / accum)
             fb.append(time.perf_counter() - started)
             pm.clip_grad_norm_(cfg.grad_clip)
             set_lr(opt, lr_at(step, cfg))

@@ -12,6 +12,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -209,9 +210,9 @@ class Trainer:
         if self.layout.pp > 1:  # the schedule takes the step's micro-batches at once
             self._phase("data")
             with timer.part("data"):
-                batches = [self._batch(micro) for micro in range(self.accum)]
+                batches: Sequence = [self._batch(micro) for micro in range(self.accum)]
         else:  # read each micro-batch just before its forward pass
-            batches = (self._timed_batch(micro) for micro in range(self.accum))
+            batches = _Lazy(self._timed_batch, self.accum)
         loss_sum += self.pm.forward_backward_step(batches, scale, timed_forward=self._forward,
                                                   timed_micro=lambda: timer.part("compute"))
         self._phase("collective" if self._norm_part == "comm" else "optimizer")
@@ -418,6 +419,21 @@ class Trainer:
             dist.all_reduce(torch.zeros(1), group=self.ctrl)
         while True:  # a single process, or the collective timed out: stay stuck all the same
             time.sleep(60)
+
+
+class _Lazy(Sequence):
+    """``count`` items, item ``i`` made by ``make(i)`` when it is asked for (a micro-batch read at its turn)."""
+
+    def __init__(self, make, count: int):
+        self.make, self.count = make, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i):
+        if not 0 <= i < self.count:
+            raise IndexError(i)
+        return self.make(i)
 
 
 def dataset_vocab(dataset: str, entry: ModelEntry) -> int:

@@ -11,7 +11,7 @@ not know which parallelisms are on. Each parallelism is one small module here (`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -55,17 +55,18 @@ class ParallelModel:
         loss = loss.detach()
         return loss.to_local() if hasattr(loss, "to_local") else loss
 
-    def forward_backward_step(self, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], scale: float,
+    def forward_backward_step(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], scale: float,
                               timed_forward: Callable[[], AbstractContextManager] = nullcontext,
                               timed_micro: Callable[[], AbstractContextManager] = nullcontext) -> torch.Tensor:
         """Forward and backward of a step's micro-batches (``(x, y)`` pairs, each loss times ``scale``); the sum of
-        their losses, on every rank. Without a pipeline: one micro-batch at a time (``timed_micro`` around each,
-        ``timed_forward`` around its forward pass), the gradient reduction on the last. Pipelined: the schedule
+        their losses, on every rank. Without a pipeline: one micro-batch at a time, ``batches[i]`` taken just before
+        its turn (a lazy sequence reads each there), ``timed_micro`` around its forward and backward,
+        ``timed_forward`` around its forward pass, the gradient reduction on the last. Pipelined: the schedule
         runs them all (``timed_forward`` around the whole schedule: forward and backward interleave)."""
         if self.pipeline is not None:
-            batches = list(batches)
-            x = torch.cat([b[0] for b in batches])
-            y = torch.cat([b[1] for b in batches])
+            pairs = [batches[i] for i in range(len(batches))]
+            x = torch.cat([b[0] for b in pairs])
+            y = torch.cat([b[1] for b in pairs])
 
             @contextmanager
             def context() -> Iterator[None]:
@@ -74,14 +75,13 @@ class ParallelModel:
 
             with timed_micro(), timed_forward():
                 return self.pipeline.step(x, y, scale, context)
-        pending = iter(batches)  # read lazily: each micro-batch just before its turn (the next one is read first,
-        item = next(pending)     # so the last is known and its backward reduces the gradients)
-        total = torch.zeros((), device=item[0].device)
-        while item is not None:
-            following = next(pending, None)
+        total: torch.Tensor | None = None
+        for i in range(len(batches)):
+            x, y = batches[i]
             with timed_micro():
-                total += self.forward_backward(*item, scale, sync=following is None, timed_forward=timed_forward)
-            item = following
+                loss = self.forward_backward(x, y, scale, sync=i == len(batches) - 1, timed_forward=timed_forward)
+            total = loss if total is None else total + loss
+        assert total is not None, "a step has at least one micro-batch"
         return total
 
     def _loss_context(self) -> AbstractContextManager:

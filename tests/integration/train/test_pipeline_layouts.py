@@ -1,8 +1,9 @@
 """Pipeline parallelism on real gloo ranks: pp 2 (2 ranks), pp 2 x dp 2 (4 ranks) and dp 2 x tp 2 x pp 2 (8 ranks),
-each under the three schedules (gpipe, 1f1b, interleaved 1f1b with 2 virtual stages per rank; the 3-D 1f1b one with
-sequence parallelism), train the DDP loss curve of the same model, seed and global batch over 20 steps; each
-layout's checkpoint resumes bit-identically at that layout, and loads, fully equal, into another (pp 2 -> pp 1, pp 2 x dp 2 -> dp 4, and the 3-D layout ->
-pp 4 x dp 2); and the per-rank bytes the planner prints (``clustertrain.plan.memory.trainer_state_bytes``) are
+each under the three schedules (gpipe, 1f1b, interleaved 1f1b with 2 virtual stages per rank; at 4 ranks the 1f1b
+one with FSDP2 stages, the others DDP; at 8 ranks all FSDP2, the 1f1b one with sequence parallelism), train the DDP
+loss curve of the same model, seed and global batch over 20 steps; each layout's checkpoint resumes bit-identically
+at that layout, and loads, fully equal, into another (pp 2 -> pp 1, pp 2 x dp 2 -> dp 4, and the 3-D layout ->
+fsdp 4 x tp 2); and the per-rank bytes the planner prints (``clustertrain.plan.memory.trainer_state_bytes``) are
 every rank's local parameters, gradients and AdamW states.
 
 The ranks run this file as a script (``python test_pipeline_layouts.py OUT``, one world size per launch); each
@@ -32,27 +33,30 @@ from tests.support.ranks import launch_ranks, local_state_bytes
 pytestmark = pytest.mark.slow
 
 ARCH = dict(layers=4, hidden=32, heads=2, seq_len=16, vocab=64, mlp="swiglu", norm="rmsnorm", tie_embeddings=False)
-STEPS, GLOBAL_BATCH, MICRO, RESUME_AT = 20, 8, 1, 10
+STEPS, MICRO, RESUME_AT = 20, 1, 15
+#: per world size: the global batch (8 ranks: 4, so the 3-D layouts run 2 micro-batches per step — half the time
+#: of 8 ranks on 2 cores; their DDP reference, "ddp-gb4", runs at 2 ranks)
+GLOBAL_BATCH = {2: 8, 4: 8, 8: 4}
 SCHEDULES = {"gpipe": {"schedule": "gpipe"}, "1f1b": {"schedule": "1f1b"},
              "interleaved": {"schedule": "interleaved_1f1b", "virtual_stages": 2}}
 #: per world size: layout name -> parallelism overrides
 WORLDS = {
-    2: {"ddp": {}, **{f"pp2-{k}": {"pp": 2, **v} for k, v in SCHEDULES.items()}},
-    4: {**{f"pp2xdp2-{k}": {"pp": 2, **v} for k, v in SCHEDULES.items()}, "pp2xdp2-fsdp": {"pp": 2, "zero_stage": 3}},
+    2: {"ddp": {}, "ddp-gb4": {}, **{f"pp2-{k}": {"pp": 2, **v} for k, v in SCHEDULES.items()}},
+    4: {f"pp2xdp2-{k}": {"pp": 2, "zero_stage": 3 if k == "1f1b" else 0, **v} for k, v in SCHEDULES.items()},
     8: {f"dp2xtp2xpp2-{k}": {"pp": 2, "tp": 2, "zero_stage": 3, "sequence_parallel": k == "1f1b", **v}
         for k, v in SCHEDULES.items()},
 }
 #: per world size: the layout whose resume at step RESUME_AT is compared with its uninterrupted run
-RESUMED = {2: "pp2-1f1b", 4: "pp2xdp2-fsdp", 8: "dp2xtp2xpp2-1f1b"}
+RESUMED = {2: "pp2-1f1b", 4: "pp2xdp2-1f1b", 8: "dp2xtp2xpp2-1f1b"}
 #: per world size: (layout saved at RESUME_AT, layout that loads it)
-RESHARD = {2: ("pp2-1f1b", {}), 4: ("pp2xdp2-1f1b", {"zero_stage": 3}), 8: ("dp2xtp2xpp2-1f1b", {"pp": 4})}
+RESHARD = {2: ("pp2-1f1b", {}), 4: ("pp2xdp2-1f1b", {"zero_stage": 3}), 8: ("dp2xtp2xpp2-1f1b", {"zero_stage": 3, "tp": 2})}
 
 
 # -- the ranks' side ------------------------------------------------------------------------------
 class Run:
     """One layout's model, optimizer and data on this rank."""
 
-    def __init__(self, overrides: dict, world: int):
+    def __init__(self, overrides: dict, world: int, global_batch: int):
         import torch
 
         from clustertrain.train.config import ArchConfig, ParallelismConfig, TrainingConfig
@@ -63,16 +67,17 @@ class Run:
 
         self.arch = ArchConfig(**ARCH)
         self.layout = resolve_layout(ParallelismConfig(**overrides), world, on_gpu=False)
-        self.cfg = TrainingConfig(max_steps=STEPS, micro_batch=MICRO, global_batch=GLOBAL_BATCH, lr=1e-2, min_lr=1e-3,
+        self.gb = global_batch
+        self.cfg = TrainingConfig(max_steps=STEPS, micro_batch=MICRO, global_batch=global_batch, lr=1e-2, min_lr=1e-3,
                                   warmup_steps=2)
-        self.accum = GLOBAL_BATCH // (MICRO * self.layout.dp)
+        self.accum = global_batch // (MICRO * self.layout.dp)
         self.pm = build_parallel_model(self.arch, self.arch.vocab, self.layout, torch.device("cpu"), seed=11,
                                        microbatches=self.accum)
         self.optimizer = build_optimizer(self.pm.model, self.cfg)
         self.state = TrainState()
         gen = torch.Generator().manual_seed(5)  # learnable sequences: start + stride * position (mod vocab)
-        start = torch.randint(0, self.arch.vocab, (STEPS * GLOBAL_BATCH, 1), generator=gen)
-        stride = torch.randint(1, 4, (STEPS * GLOBAL_BATCH, 1), generator=gen)
+        start = torch.randint(0, self.arch.vocab, (STEPS * 8, 1), generator=gen)
+        stride = torch.randint(1, 4, (STEPS * 8, 1), generator=gen)
         self.data = (start + stride * torch.arange(self.arch.seq_len + 1)) % self.arch.vocab
         self.bytes: dict[str, int] | None = None
 
@@ -85,7 +90,7 @@ class Run:
         step, dp_rank = self.state.step, self.layout.dp_rank(dist.get_rank())
         batches = []
         for micro in range(self.accum):
-            start = step * GLOBAL_BATCH + (dp_rank * self.accum + micro) * MICRO
+            start = step * self.gb + (dp_rank * self.accum + micro) * MICRO
             batch = self.data[start:start + MICRO]
             batches.append((batch[:, :-1], batch[:, 1:]))
         loss = self.pm.forward_backward_step(batches, 1.0 / self.accum)
@@ -132,29 +137,29 @@ def world_result(out: Path) -> dict:
     world, rank = dist.get_world_size(), dist.get_rank()
     result: dict = {"layouts": {}}
     for name, overrides in WORLDS[world].items():
-        run = Run(overrides, world)
+        run = Run(overrides, world, 4 if name == "ddp-gb4" else GLOBAL_BATCH[world])
         losses, norms = [], []
         for step in range(STEPS):
             loss, norm = run.step()
             losses.append(loss)
             norms.append(norm)
             if step + 1 == RESUME_AT:
-                run.manager(out / name).save(RESUME_AT, RESUME_AT * GLOBAL_BATCH, run.app_state())
+                run.manager(out / name).save(RESUME_AT, RESUME_AT * run.gb, run.app_state())
         every_rank: list[dict | None] = [None] * world
         dist.all_gather_object(every_rank, run.bytes)
         result["layouts"][name] = {"losses": losses, "norms": norms, "layout": run.layout.to_dict(), "bytes": every_rank,
                                    "final": run.full_state() if name == RESUMED[world] else None}
         if name != RESUMED[world]:
             continue
-        resumed = Run(overrides, world)  # the same layout, fresh: load step 10, train 10 more steps
+        resumed = Run(overrides, world, GLOBAL_BATCH[world])  # the same layout, fresh: load step RESUME_AT, train to STEPS
         loaded = resumed.manager(out / name).load_latest(resumed.app_state())
         assert loaded is not None and resumed.state.step == RESUME_AT
         result["layouts"][name]["resumed_losses"] = [resumed.step()[0] for _ in range(STEPS - RESUME_AT)]
         result["layouts"][name]["resumed_final"] = resumed.full_state()
     saved, other = RESHARD[world]
-    source = Run(WORLDS[world][saved], world)
+    source = Run(WORLDS[world][saved], world, GLOBAL_BATCH[world])
     source.manager(out / saved).load_latest(source.app_state())
-    target = Run(other, world)
+    target = Run(other, world, GLOBAL_BATCH[world])
     meta = target.manager(out / saved).load_latest(target.app_state()).meta
     result["reshard"] = {"from": saved, "saved_layout": meta.layout, "to": target.layout.to_dict(),
                          "step": target.state.step, "source": source.full_state(), "target": target.full_state(),
@@ -186,17 +191,18 @@ def world(request, worlds) -> dict:
     return worlds[request.param]
 
 
-@pytest.fixture
-def ddp(worlds) -> dict:
-    """The reference: DDP over 2 ranks, the same model, seed, data and global batch."""
-    return worlds[2]["layouts"]["ddp"]
+def reference(worlds: dict, world: dict) -> dict:
+    """DDP over 2 ranks at ``world``'s global batch: the same model, seed and data."""
+    gb = GLOBAL_BATCH[world["layouts"][pipelined(world)[0]]["layout"]["world"]]
+    return worlds[2]["layouts"]["ddp" if gb == 8 else f"ddp-gb{gb}"]
 
 
 def pipelined(world: dict) -> list[str]:
-    return [name for name in world["layouts"] if name != "ddp"]
+    return [name for name in world["layouts"] if not name.startswith("ddp")]
 
 
-def test_every_schedule_trains_the_ddp_loss_curve(world, ddp):
+def test_every_schedule_trains_the_ddp_loss_curve(worlds, world):
+    ddp = reference(worlds, world)
     assert ddp["losses"][-1] < ddp["losses"][0] - 0.5  # it learns: the comparison is not of two flat lines
     for name in pipelined(world):
         run = world["layouts"][name]

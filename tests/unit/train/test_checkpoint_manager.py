@@ -178,3 +178,24 @@ def test_another_architecture_or_shape_is_one_line_naming_the_checkpoint(tmp_pat
                        r"model_optim\.model\.1\.weight\); ") as err:
         manager(tmp_path).load(path, app_state(wider, wider_opt, TrainState()))
     assert "\n" not in str(err.value) and str(path) in str(err.value)
+
+
+def test_a_format_2_checkpoint_still_loads(tmp_path):
+    """Format 2 kept AdamW's hyper-parameters per parameter group (``flatten=False``); format 3 keeps them per
+    parameter. A checkpoint written the old way, meta.json version 2, loads every parameter and moment exactly."""
+    from clustertrain.train.state import ModelOptimState
+
+    model, opt = model_and_optim(0)
+    state = app_state(model, opt, TrainState(3, 48))
+    state["model_optim"] = ModelOptimState(model, opt, flatten=False)
+    path = manager(tmp_path).save(3, 48, state)
+    meta = json.loads((path / "meta.json").read_text())
+    (path / "meta.json").write_text(json.dumps({**meta, "version": 2}))
+    want = snapshot(model, opt)
+
+    fresh, fresh_opt = model_and_optim(1)
+    assert not equal(snapshot(fresh, fresh_opt), want)
+    loaded = manager(tmp_path).load_latest(app_state(fresh, fresh_opt, TrainState()))
+    assert loaded is not None and loaded.meta.version == 2
+    assert equal(snapshot(fresh, fresh_opt), want)
+    assert fresh_opt.param_groups[0]["betas"] == opt.param_groups[0]["betas"]

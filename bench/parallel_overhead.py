@@ -27,7 +27,7 @@ DDP reference.
 
 Bubble, for the pipelined rows (m = micro-batches per step = global_batch / (micro_batch x dp)):
 
-- predicted: ``clustertrain.plan.megatron_memory.pipeline_bubble(pp, v, m)`` = (pp - 1) / (v x m) (gpipe and 1f1b:
+- predicted: ``clustertrain.plan.memory.pipeline_bubble(pp, v, m)`` = (pp - 1) / (v x m) (gpipe and 1f1b:
   v = 1), what the planner adds to a step's compute time;
 - measured, in the same terms (idle time over useful compute): ``t_step / (m x t_busy) - 1``, where ``t_step`` is
   the median over steps of ``forward_backward_step``'s time (the slowest rank's, per step), and ``t_busy`` the
@@ -231,7 +231,7 @@ def main() -> None:
     for name, why in result["skipped"].items():
         print(f"{name:17s} skipped: {why}")
     if result["pipes"]:
-        from clustertrain.plan.megatron_memory import pipeline_bubble
+        from clustertrain.plan.memory import pipeline_bubble
 
         print("\npipeline bubble (idle time / useful compute): measured = t_step / (m x t_busy) - 1, "
               "predicted = (pp - 1) / (v x m)")

@@ -34,11 +34,9 @@ from clustertrain.plan.megatron_memory import (
     estimate_megatron_memory,
     megatron_layout,
     megatron_layout_text,
-    microbatches,
-    pipeline_bubble,
     pipeline_problems,
 )
-from clustertrain.plan.memory import GiB, MemoryEstimate, estimate_memory, memory_budget
+from clustertrain.plan.memory import GiB, MemoryEstimate, estimate_memory, memory_budget, microbatches, pipeline_bubble
 from clustertrain.plan.shape import ModelShape
 from clustertrain.plan.traffic import Traffic, data_parallel_traffic
 from clustertrain.train.config import ArchConfig, ParallelismConfig, builtin_problems, microbatch_problems

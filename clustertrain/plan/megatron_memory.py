@@ -59,8 +59,6 @@ from clustertrain.plan.memory import (  # the pipeline arithmetic is shared with
     chunk_rows,
     in_flight_chunks,
     layer_activation_bytes,
-    microbatches,  # noqa: F401 (re-exported)
-    pipeline_bubble,  # noqa: F401 (re-exported)
 )
 from clustertrain.plan.shape import ModelShape
 from clustertrain.train.layout import ParallelLayout

@@ -19,13 +19,8 @@ import pytest
 from clustertrain.errors import ConfigError
 from clustertrain.plan.allocate import Hardware, ModelSpec, evaluate
 from clustertrain.plan.frameworks import BUILTIN, MEGATRON
-from clustertrain.plan.megatron_memory import (
-    estimate_megatron_memory,
-    in_flight_chunks,
-    megatron_vocab,
-    pipeline_bubble,
-    stage_memory,
-)
+from clustertrain.plan.megatron_memory import estimate_megatron_memory, megatron_vocab, stage_memory
+from clustertrain.plan.memory import in_flight_chunks, pipeline_bubble
 from clustertrain.plan.plan import make_plan
 from clustertrain.plan.preflight import plan_findings, submit_blockers
 from clustertrain.plan.render import render_plan

@@ -28,6 +28,9 @@ def prepare_cmd(
     skip_bad_lines: bool = typer.Option(False, "--skip-bad-lines", help="Skip (and count) bad JSONL lines instead of stopping."),
     publish: Optional[str] = typer.Option(None, "--publish", help="Then copy the dataset to this s3:// URL (or directory), verified."),
     endpoint_url: Optional[str] = typer.Option(None, "--endpoint-url", help="S3-compatible endpoint for --publish."),
+    encoder: str = typer.Option("auto", "--encoder", help="auto: gigatoken where it gives the same tokens as the "
+                                "tokenizer.json's own encoder (checked at start), else its own; reference: always its "
+                                "own. The output is the same either way."),
 ) -> None:
     """Tokenize INPUTS into a Megatron indexed dataset (does nothing when it is already up to date)."""
     from clustertrain.data import prepare_dataset
@@ -37,7 +40,8 @@ def prepare_cmd(
     # failure prints its error line alone.
     bar = err if err.is_terminal else Console(file=io.StringIO(), width=err.width)
     result = prepare_dataset(inputs, output_prefix, tokenizer, json_key=json_key, workers=workers,
-                             append_eod=append_eod, skip_bad_lines=skip_bad_lines, console=bar)
+                             append_eod=append_eod, skip_bad_lines=skip_bad_lines, console=bar,
+                             encoder=encoder)
     if bar is not err:
         sys.stderr.write(bar.file.getvalue())
     if publish:

@@ -6,7 +6,7 @@ Formats (``.gz`` is gunzipped, ``.zst`` needs the ``zstandard`` module):
   Blank lines are ignored.
 * anything else (``*.txt``, ...): **one document per file** — the whole file is one document.
 
-:func:`blocks` cuts a file into ~256 KiB blocks of whole lines (a text file is one block);
+:func:`blocks` cuts a file into blocks of whole lines (~256 KiB by default) (a text file is one block);
 :func:`parse_block` turns a block into texts and one-line messages for bad lines (naming file and
 line, or byte offset). Both preprocessing (:mod:`clustertrain.data.preprocess`) and tokenizer training
 (:mod:`clustertrain.data.tokenizers`) read their input through this module.
@@ -76,7 +76,7 @@ class Block:
     data: bytes
 
 
-def blocks(path: Path, progress) -> Iterator[Block]:
+def blocks(path: Path, progress, size: int = BLOCK) -> Iterator[Block]:
     jsonl = is_jsonl(path)
     raw, stream = _open_raw(path)
     try:
@@ -88,7 +88,7 @@ def blocks(path: Path, progress) -> Iterator[Block]:
                 return
             line, offset, rest = 1, 0, b""
             while True:
-                chunk = _read(stream, path, BLOCK)
+                chunk = _read(stream, path, size)
                 progress(raw.tell())
                 if not chunk:
                     if rest:
@@ -147,6 +147,9 @@ def parse_block(block: Block, json_key: str, stop_at_first: bool) -> tuple[list[
                 msg = f"{block.path}:{lineno}: no key {json_key!r} (found: {keys}); set --json-key to the key holding the text{hint}"
             elif not isinstance(doc[json_key], str):
                 msg = f"{block.path}:{lineno}: {json_key!r} holds a {type(doc[json_key]).__name__}, not a string{hint}"
+            elif (b"\\ud" in line or b"\\uD" in line) and (bad_at := _lone_surrogate(doc[json_key])) is not None:
+                msg = (f"{block.path}:{lineno}: {json_key!r} holds a lone surrogate escape (\\u{bad_at:04x}) at character "
+                       f"{doc[json_key].index(chr(bad_at))}, which is not Unicode text and cannot be tokenized{hint}")
             else:
                 texts.append(doc[json_key])
         except UnicodeDecodeError as e:
@@ -160,6 +163,31 @@ def parse_block(block: Block, json_key: str, stop_at_first: bool) -> tuple[list[
             if stop_at_first:
                 break
     return texts, bad, nbad
+
+
+def head_texts(path: Path, json_key: str = "text", limit: int = BLOCK) -> list[str]:
+    """The documents in the first ``limit`` bytes of a file, bad lines skipped (a sample, never an error):
+    whole lines of a JSONL file, the start of any other file."""
+    raw, stream = _open_raw(Path(path))
+    try:
+        with raw:
+            data = _read(stream, Path(path), limit)
+    finally:
+        if stream is not raw:
+            stream.close()
+    if not is_jsonl(Path(path)):
+        return [data.decode("utf-8", errors="ignore")] if data else []
+    data = data[: data.rfind(b"\n") + 1] or data
+    return parse_block(Block(str(path), True, 1, 0, data), json_key, False)[0]
+
+
+def _lone_surrogate(text: str) -> int | None:
+    """The first lone surrogate code point in ``text`` (JSON's ``\\ud800`` escapes decode to one), else None."""
+    try:
+        text.encode("utf-8")
+        return None
+    except UnicodeEncodeError as e:
+        return ord(text[e.start])
 
 
 def iter_texts(path: Path, json_key: str = "text") -> Iterator[str]:

@@ -12,12 +12,17 @@ Each document becomes one sequence; with ``append_eod`` the tokenizer's end-of-d
 closes it. As in Megatron's ``tools/preprocess_data.py``, a document that tokenizes to nothing
 gets no sequence and no eod (the document index still counts it).
 
-Workers: the main process cuts each file into ~256 KiB blocks of whole lines and hands them to a
-``multiprocessing`` pool (a bounded window of blocks in flight, results taken in order, so the
+Encoders: a byte-level BPE ``tokenizer.json`` is encoded by gigatoken where it gives exactly the tokens Hugging
+Face ``tokenizers`` gives, checked at start on a verification sample (:mod:`clustertrain.data.fastbpe`), else by
+``tokenizers``; ``encoder="reference"`` always uses ``tokenizers``. The output is the same either way.
+
+Workers: the main process cuts each file into blocks of whole lines (~256 KiB, 1 MiB for the fast encoder) and
+hands them to a ``multiprocessing`` pool (a bounded window of blocks in flight, results taken in order, so the
 output is identical for any worker count). Workers parse, encode and return one token array per
 block; the main process appends it to the streaming :class:`~clustertrain.data.indexed.IndexedWriter`.
 
-Bad input — a line that is not JSON, lacks the key, is not a string, bytes that are not UTF-8,
+Bad input — a line that is not JSON, lacks the key, is not a string, holds a lone surrogate escape
+(``\\ud800``, not Unicode text), bytes that are not UTF-8,
 no documents at all — raises a one-line :class:`DataError` naming the file and line (or byte
 offset). With ``skip_bad_lines`` bad lines (or undecodable text files) are skipped and counted.
 
@@ -25,7 +30,8 @@ offset). With ``skip_bad_lines`` bad lines (or undecodable text files) are skipp
 
     {"format": "clustertrain-indexed", "version": 1,
      "tokenizer": "<identity>", "vocab_size": int, "eod": int, "dtype": "uint16"|"int32",
-     "json_key": str, "append_eod": bool,
+     "json_key": str, "append_eod": bool, "encoder": "gigatoken 0.10.0"|"tokenizers 0.23.3"|"byte-v1" (which
+     one ran; informational, the output does not depend on it),
      "documents": int, "sequences": int, "tokens": int, "skipped_lines": int,
      "bin": {"bytes": int, "sha256": hex}, "idx": {"bytes": int, "sha256": hex},
      "sources": [{"path": absolute path, "bytes": int, "mtime_ns": int}, ...]}
@@ -48,12 +54,17 @@ from typing import Iterable
 import numpy as np
 
 from clustertrain.data.indexed import IndexedWriter, bin_path, idx_path, token_dtype
-from clustertrain.data.inputs import Block, blocks, parse_block, resolve_inputs
-from clustertrain.data.tokenizers import Tokenizer, encode_many, load_tokenizer
+from clustertrain.data.fastbpe import EncoderChoice, choose_encoder
+from clustertrain.data.inputs import BLOCK, Block, blocks, head_texts, parse_block, resolve_inputs
+from clustertrain.data.tokenizers import Tokenizer, encode_flat, load_tokenizer
 from clustertrain.errors import DataError
 from clustertrain.rundir import write_atomic
 
 FORMAT = "clustertrain-indexed"
+ENCODERS = ("auto", "reference")
+#: block size for the fast encoder: fewer, larger batches (each costs gigatoken ~0.7 ms of Python-side array
+#: building); worker processes, not gigatoken's own threads, use the cores: see docs/data.md, "Encoders"
+FAST_BLOCK = 1 << 20
 VERSION = 1
 __all__ = ["PreparedDataset", "manifest_path", "prepare_dataset", "read_manifest", "resolve_inputs", "sha256_file"]
 
@@ -79,31 +90,40 @@ def read_manifest(prefix: str | os.PathLike) -> dict | None:
 _W: dict = {}
 
 
-def _init_worker(tokenizer: Tokenizer, json_key: str, append_eod: bool, skip: bool, in_pool: bool = False) -> None:
+def _init_worker(encoder, eod: int, dtype, json_key: str, append_eod: bool, skip: bool, in_pool: bool = False) -> None:
     if in_pool:  # one process per core already: Hugging Face tokenizers' own thread pool would oversubscribe
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _W.update(tokenizer=tokenizer, json_key=json_key, append_eod=append_eod, skip=skip,
-              dtype=token_dtype(tokenizer.vocab_size))
+    _W.update(encoder=encoder, eod=eod, json_key=json_key, append_eod=append_eod, skip=skip, dtype=dtype)
 
 
 def _encode_block(block: Block) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str], int, int]:
     """(tokens, lengths of non-empty documents, sequences per document (0/1), bad messages, bad count, bytes)."""
     texts, bad, nbad = parse_block(block, _W["json_key"], not _W["skip"])
-    arrays = encode_many(_W["tokenizer"], texts) if texts else []
-    per_doc = np.fromiter((a.size > 0 for a in arrays), dtype=np.int64, count=len(arrays))
-    kept = [a for a in arrays if a.size]
     dtype = _W["dtype"]
-    if not kept:
-        return np.zeros(0, dtype), np.zeros(0, np.int32), per_doc, bad, nbad, len(block.data)
-    lengths = np.fromiter((a.size for a in kept), dtype=np.int64, count=len(kept))
-    tokens = np.concatenate(kept).astype(dtype, copy=False)
-    if _W["append_eod"]:
-        tokens = np.insert(tokens, np.cumsum(lengths), np.asarray(_W["tokenizer"].eod, dtype))
-        lengths += 1
+    if not texts:
+        return np.zeros(0, dtype), np.zeros(0, np.int32), np.zeros(0, np.int64), bad, nbad, len(block.data)
+    tokens, lengths = encode_flat(_W["encoder"], texts)
+    per_doc = (lengths > 0).astype(np.int64)
+    lengths = lengths[lengths > 0]
+    tokens = tokens.astype(dtype, copy=False)
+    if _W["append_eod"] and lengths.size:
+        tokens = np.insert(tokens, np.cumsum(lengths), np.asarray(_W["eod"], dtype))
+        lengths = lengths + 1
     return tokens, lengths.astype(np.int32), per_doc, bad, nbad, len(block.data)
 
 
 # ---- main side ---------------------------------------------------------------------------------
+def _in_order(parts: Iterable[Block], submit, window: int, consume) -> None:
+    """Submit each block (``submit(block)`` returns a getter), at most ``window`` in flight, consumed in order."""
+    pending: deque = deque()
+    for b in parts:
+        pending.append(submit(b))
+        if len(pending) >= window:
+            consume(pending.popleft()())
+    while pending:
+        consume(pending.popleft()())
+
+
 @dataclass(frozen=True)
 class PreparedDataset:
     """Result of :func:`prepare_dataset`: the prefix, its manifest, and whether it was reused as-is."""
@@ -111,6 +131,8 @@ class PreparedDataset:
     prefix: Path
     manifest: dict
     reused: bool
+    #: which encoder ran and why (None when the dataset was reused)
+    encoder: EncoderChoice | None = None
 
     @property
     def skipped_lines(self) -> int:
@@ -158,32 +180,42 @@ def _progress(console):
 
 def prepare_dataset(inputs: str | os.PathLike | Iterable[str | os.PathLike], output_prefix: str | os.PathLike,
                     tokenizer: str | Tokenizer = "byte", json_key: str = "text", workers: int = 1,
-                    append_eod: bool = True, skip_bad_lines: bool = False, console=None) -> PreparedDataset:
+                    append_eod: bool = True, skip_bad_lines: bool = False, console=None,
+                    encoder: str = "auto") -> PreparedDataset:
     """Tokenize ``inputs`` into ``output_prefix``.bin/.idx/.manifest.json (see module docstring).
 
     ``console``: a ``rich.console.Console`` to draw a progress bar (documents, MB/s) on, or None.
+    ``encoder``: ``auto`` (the fast encoder where it is exact, :mod:`clustertrain.data.fastbpe`) or ``reference``
+    (the tokenizer's own: Hugging Face ``tokenizers`` for a ``tokenizer.json``); the output is the same.
     """
     tok = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
     if workers < 1:
         raise DataError(f"--workers {workers}: must be at least 1")
+    if encoder not in ENCODERS:
+        raise DataError(f"--encoder {encoder}: unknown; valid: {', '.join(ENCODERS)}")
     files = resolve_inputs(inputs)
     prefix = Path(output_prefix)
     settings = _settings(tok, json_key, append_eod, _sources(files))
     old = _up_to_date(prefix, settings)
     if old is not None:
         return PreparedDataset(prefix, old, reused=True)
+    choice = choose_encoder(tok, head_texts(files[0], json_key), allow_fast=encoder == "auto")
+    if console is not None:
+        console.print(f"encoder: {choice.name} ({choice.reason})", highlight=False, markup=False)
     manifest_path(prefix).unlink(missing_ok=True)
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    writer = IndexedWriter(prefix, token_dtype(tok.vocab_size))
+    dtype = token_dtype(tok.vocab_size)
+    writer = IndexedWriter(prefix, dtype)
     bar = _progress(console)
     total = sum(s["bytes"] for s in settings["sources"])
     counts = {"documents": 0, "skipped_lines": 0}
     first_bad: list[str] = []
     bin_hash = hashlib.sha256()
+    init = (choice.encoder, tok.eod, dtype, json_key, append_eod, skip_bad_lines)
     pool = mp.get_context("fork" if os.name == "posix" else "spawn").Pool(
-        workers, _init_worker, (tok, json_key, append_eod, skip_bad_lines, True)) if workers > 1 else None
+        workers, _init_worker, (*init, True)) if workers > 1 else None
     if pool is None:
-        _init_worker(tok, json_key, append_eod, skip_bad_lines)
+        _init_worker(*init)
     try:
         task = bar.add_task("prepare", total=total, docs=0) if bar else None
         if bar:
@@ -208,18 +240,12 @@ def prepare_dataset(inputs: str | os.PathLike | Iterable[str | os.PathLike], out
             counts["documents"] += len(per_doc)
 
         for path, src in zip(files, settings["sources"]):
-            parts = blocks(path, advance)
-            if pool is None:
+            parts = blocks(path, advance, FAST_BLOCK if choice.fast else BLOCK)
+            if pool is not None:
+                _in_order(parts, lambda b: pool.apply_async(_encode_block, (b,)).get, 3 * workers, consume)
+            else:
                 for b in parts:
                     consume(_encode_block(b))
-            else:
-                window: deque = deque()
-                for b in parts:
-                    window.append(pool.apply_async(_encode_block, (b,)))
-                    if len(window) >= 3 * workers:
-                        consume(window.popleft().get())
-                while window:
-                    consume(window.popleft().get())
             done_bytes[0] += src["bytes"]
             advance(0)
         if counts["documents"] == 0:
@@ -237,9 +263,9 @@ def prepare_dataset(inputs: str | os.PathLike | Iterable[str | os.PathLike], out
         if bar:
             bar.stop()
     manifest = dict(settings)
-    manifest.update(documents=counts["documents"], sequences=writer.n_sequences, tokens=writer.n_tokens,
+    manifest.update(encoder=choice.name, documents=counts["documents"], sequences=writer.n_sequences, tokens=writer.n_tokens,
                     skipped_lines=counts["skipped_lines"], first_skipped=first_bad,
                     bin={"bytes": bin_path(prefix).stat().st_size, "sha256": bin_hash.hexdigest()},
                     idx={"bytes": idx_path(prefix).stat().st_size, "sha256": sha256_file(idx_path(prefix))})
     write_atomic(manifest_path(prefix), json.dumps(manifest, indent=1))
-    return PreparedDataset(prefix, manifest, reused=False)
+    return PreparedDataset(prefix, manifest, reused=False, encoder=choice)

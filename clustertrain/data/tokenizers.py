@@ -31,6 +31,7 @@ transformers and megatron-core).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 from pathlib import Path
@@ -66,14 +67,16 @@ class Tokenizer(Protocol):
     def decode(self, ids: list[int]) -> str: ...
 
 
-def encode_many(tokenizer: Tokenizer, texts: Sequence[str]) -> list[np.ndarray]:
-    """Encode a batch of texts (batched where the tokenizer can), one int64 array per text."""
-    batch = getattr(tokenizer, "encode_batch_arrays", None)
-    if batch is not None:
-        return batch(texts)
+def encode_flat(tokenizer: Tokenizer, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Encode a batch of texts (batched where the tokenizer can): (all tokens concatenated, tokens per text)."""
+    flat = getattr(tokenizer, "encode_flat", None)
+    if flat is not None:
+        return flat(texts)
     import numpy as np  # only where tokens become arrays: `plan` and `check` load tokenizers without numpy
 
-    return [np.asarray(tokenizer.encode(t), dtype=np.int64) for t in texts]
+    ids = [tokenizer.encode(t) for t in texts]
+    return (np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64),
+            np.fromiter(map(len, ids), dtype=np.int64, count=len(ids)))
 
 
 class ByteTokenizer:
@@ -99,10 +102,12 @@ class ByteTokenizer:
     def encode_bytes(self, data: bytes) -> bytes:
         return data
 
-    def encode_batch_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
+    def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         import numpy as np
 
-        return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8) for t in texts]
+        data = [t.encode("utf-8") for t in texts]
+        return (np.frombuffer(b"".join(data), dtype=np.uint8),
+                np.fromiter(map(len, data), dtype=np.int64, count=len(data)))
 
     def decode(self, ids: list[int]) -> str:
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
@@ -146,15 +151,16 @@ class HFTokenizer:
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
 
-    def encode_batch_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
+    def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         import numpy as np
 
         # encode_batch_fast (tokenizers >= 0.21) skips offset tracking, which preprocessing never needs
         fast = getattr(self._tok, "encode_batch_fast", None)
-        if fast is not None:
-            return [np.asarray(e.ids, dtype=np.int64) for e in fast(list(texts), add_special_tokens=False)]
         enc = self._tok.encode
-        return [np.asarray(enc(t, add_special_tokens=False).ids, dtype=np.int64) for t in texts]
+        ids = ([e.ids for e in fast(list(texts), add_special_tokens=False)] if fast is not None
+               else [enc(t, add_special_tokens=False).ids for t in texts])
+        return (np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64),
+                np.fromiter(map(len, ids), dtype=np.int64, count=len(ids)))
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(list(map(int, ids)), skip_special_tokens=False)

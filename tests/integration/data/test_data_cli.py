@@ -56,6 +56,15 @@ def test_train_tokenizer_then_prepare_with_it(corpus, tmp_path):
     r = _cli("prepare", "-i", str(corpus), "-o", str(tmp_path / "hf"), "--tokenizer", f"hf:{tok}", "--workers", "2", "--no-append-eod")
     assert r.returncode == 0, r.stderr
     assert "uint16, tokenizer hf-" in r.stdout
+    assert "encoder: gigatoken " in r.stderr and "matches tokenizers on all" in r.stderr, r.stderr
+    r = _cli("prepare", "-i", str(corpus), "-o", str(tmp_path / "ref"), "--tokenizer", str(tok), "--no-append-eod",
+             "--encoder", "reference")
+    assert r.returncode == 0 and "encoder: tokenizers " in r.stderr and "(--encoder reference)" in r.stderr, r.stderr
+    assert (tmp_path / "ref.bin").read_bytes() == (tmp_path / "hf.bin").read_bytes()
+    r = _cli("prepare", "-i", str(corpus), "-o", str(tmp_path / "x"), "--tokenizer", str(tok), "--encoder", "fastest")
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "error: --encoder fastest: unknown; valid: auto, reference"], r.stderr
+    assert not list(tmp_path.glob("x.*"))
 
 
 @pytest.mark.slow

@@ -22,6 +22,7 @@ import pytest
 from typer.testing import CliRunner
 
 from clustertrain.cli import app
+from clustertrain.data.fastbpe import HARD_CASES
 from clustertrain.data.tokenizers import (
     MODEL_MAX_LENGTH, ByteTokenizer, HFTokenizer, train_tokenizer, write_tokenizer_config,
 )
@@ -216,6 +217,9 @@ def test_megatron_core_builds_the_same_tokenizer_from_the_rendered_options(train
     for text in TEXTS:
         assert megatron.tokenize(text) == tok.encode(text)
         assert megatron.detokenize(tok.encode(text)) == text
+    # tools/preprocess_data.py encodes each document with this tokenize(): the ids data prepare writes, hard cases too
+    for text in HARD_CASES:
+        assert megatron.tokenize(text) == tok.encode(text), repr(text[:40])
 
 
 def test_megatron_core_wrapper_from_pretrained_directly(trained):

@@ -32,7 +32,7 @@ from typing import Sequence
 
 import numpy as np
 
-from clustertrain.data.tokenizers import HFTokenizer, Tokenizer, encode_flat
+from clustertrain.data.tokenizers import HFTokenizer, Tokenizer
 
 #: fixed hard cases of the verification sample
 HARD_CASES: tuple[str, ...] = (
@@ -137,7 +137,9 @@ def choose_encoder(tokenizer: Tokenizer, corpus_texts: Sequence[str] = (), allow
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return EncoderChoice(tokenizer, hf_name, False, f"gigatoken cannot load this tokenizer ({first})")
     sample = verification_sample(json.loads(text), corpus_texts)
-    want = [np.asarray(a, dtype=np.int64) for a in encode_lists(tokenizer, sample)]
+    # one text at a time: a batch would start tokenizers' thread pool in this process, and a worker pool forked
+    # after it (when tokenizers ends up encoding) would print tokenizers' fork warning
+    want = [np.asarray(tokenizer.encode(t), dtype=np.int64) for t in sample]
     try:
         got = fast.encode_flat(sample)
     except Exception as e:
@@ -151,8 +153,3 @@ def choose_encoder(tokenizer: Tokenizer, corpus_texts: Sequence[str] = (), allow
     return EncoderChoice(fast, f"gigatoken {_version('gigatoken')}", True,
                          f"gigatoken matches tokenizers on all {len(sample)} verification documents")
 
-
-def encode_lists(tokenizer: Tokenizer, texts: Sequence[str]) -> list[np.ndarray]:
-    """One array per text, from the tokenizer's own (reference) encoder."""
-    tokens, lengths = encode_flat(tokenizer, texts)
-    return np.split(tokens, np.cumsum(lengths)[:-1]) if len(lengths) else []

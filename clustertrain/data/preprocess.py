@@ -201,7 +201,7 @@ def prepare_dataset(inputs: str | os.PathLike | Iterable[str | os.PathLike], out
         return PreparedDataset(prefix, old, reused=True)
     choice = choose_encoder(tok, head_texts(files[0], json_key), allow_fast=encoder == "auto")
     if console is not None:
-        console.print(f"encoder: {choice.name} ({choice.reason})", highlight=False, markup=False)
+        console.print(f"encoder: {choice.name} ({choice.reason})", highlight=False, markup=False, soft_wrap=True)
     manifest_path(prefix).unlink(missing_ok=True)
     prefix.parent.mkdir(parents=True, exist_ok=True)
     dtype = token_dtype(tok.vocab_size)

@@ -19,7 +19,7 @@ import gzip
 import io
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Iterable, Iterator
 
@@ -74,9 +74,24 @@ class Block:
     first_line: int  # 1-based line number of the first line (jsonl)
     offset: int  # byte offset of the block in the (decompressed) file
     data: bytes
+    length: int = 0  # a block by reference (empty data): its bytes are these many at ``offset`` of ``path``
+
+    def loaded(self) -> Block:
+        """This block with its bytes. A block by reference reads them (``os.pread``) in the process that parses it,
+        so a worker process never receives the input through a pipe."""
+        if self.data or not self.length:
+            return self
+        with open(self.path, "rb") as f:
+            data = os.pread(f.fileno(), self.length, self.offset)
+        if len(data) != self.length:
+            raise DataError(f"{self.path}: the file shrank while being read (to {self.offset + len(data)} bytes); "
+                            "prepare a file that nothing is writing to")
+        return replace(self, data=data, length=0)
 
 
-def blocks(path: Path, progress, size: int = BLOCK) -> Iterator[Block]:
+def blocks(path: Path, progress, size: int = BLOCK, by_reference: bool = False) -> Iterator[Block]:
+    """The blocks of whole lines of ``path`` (one block for a non-JSONL file). ``by_reference``: blocks of an
+    uncompressed file carry offset and length instead of bytes (:meth:`Block.loaded` reads them)."""
     jsonl = is_jsonl(path)
     raw, stream = _open_raw(path)
     try:
@@ -87,17 +102,25 @@ def blocks(path: Path, progress, size: int = BLOCK) -> Iterator[Block]:
                 yield Block(str(path), False, 1, 0, data)
                 return
             line, offset, rest = 1, 0, b""
+            by_reference = by_reference and stream is raw
             while True:
                 chunk = _read(stream, path, size)
                 progress(raw.tell())
                 if not chunk:
                     if rest:
-                        yield Block(str(path), True, line, offset, rest)
+                        yield (Block(str(path), True, line, offset, b"", len(rest)) if by_reference
+                               else Block(str(path), True, line, offset, rest))
                     return
                 data = rest + chunk
                 cut = data.rfind(b"\n") + 1
                 if cut == 0:
                     rest = data
+                    continue
+                if by_reference:
+                    yield Block(str(path), True, line, offset, b"", cut)
+                    line += data.count(b"\n", 0, cut)
+                    offset += cut
+                    rest = data[cut:]
                     continue
                 block, rest = data[:cut], data[cut:]
                 yield Block(str(path), True, line, offset, block)

@@ -18,8 +18,9 @@ Face ``tokenizers`` gives, checked at start on a verification sample (:mod:`clus
 
 Workers: the main process cuts each file into blocks of whole lines (~256 KiB, 1 MiB for the fast encoder) and
 hands them to a ``multiprocessing`` pool (a bounded window of blocks in flight, results taken in order, so the
-output is identical for any worker count). Workers parse, encode and return one token array per
-block; the main process appends it to the streaming :class:`~clustertrain.data.indexed.IndexedWriter`.
+output is identical for any worker count). Blocks of an uncompressed file travel by reference (offset, length),
+and each worker reads its own with ``os.pread``. Workers parse, encode and return one token array per block;
+the main process appends it to the streaming :class:`~clustertrain.data.indexed.IndexedWriter`.
 
 Bad input — a line that is not JSON, lacks the key, is not a string, holds a lone surrogate escape
 (``\\ud800``, not Unicode text), bytes that are not UTF-8,
@@ -98,6 +99,7 @@ def _init_worker(encoder, eod: int, dtype, json_key: str, append_eod: bool, skip
 
 def _encode_block(block: Block) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str], int, int]:
     """(tokens, lengths of non-empty documents, sequences per document (0/1), bad messages, bad count, bytes)."""
+    block = block.loaded()
     texts, bad, nbad = parse_block(block, _W["json_key"], not _W["skip"])
     dtype = _W["dtype"]
     if not texts:
@@ -240,7 +242,7 @@ def prepare_dataset(inputs: str | os.PathLike | Iterable[str | os.PathLike], out
             counts["documents"] += len(per_doc)
 
         for path, src in zip(files, settings["sources"]):
-            parts = blocks(path, advance, FAST_BLOCK if choice.fast else BLOCK)
+            parts = blocks(path, advance, FAST_BLOCK if choice.fast else BLOCK, by_reference=pool is not None)
             if pool is not None:
                 _in_order(parts, lambda b: pool.apply_async(_encode_block, (b,)).get, 3 * workers, consume)
             else:

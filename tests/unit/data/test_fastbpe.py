@@ -175,3 +175,20 @@ def test_unknown_encoder_is_refused(tmp_path, trained):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert prepare_dataset(BUNDLED, tmp_path / "b", "byte").encoder.name == "byte-v1"
+
+
+def test_blocks_by_reference_read_the_same_bytes_and_refuse_a_shrunk_file(tmp_path):
+    from clustertrain.data.inputs import blocks
+
+    path = tmp_path / "c.jsonl"
+    path.write_text("".join(json.dumps({"text": f"doc {i} " * (i % 7)}) + "\n" for i in range(3000)))
+    by_value = list(blocks(path, lambda _: None, 4096))
+    by_ref = list(blocks(path, lambda _: None, 4096, by_reference=True))
+    assert len(by_ref) == len(by_value) > 10 and all(not b.data and b.length for b in by_ref)
+    assert [b.loaded() for b in by_ref] == by_value  # same bytes, offsets and first line numbers
+    path.write_bytes(path.read_bytes()[: by_ref[-1].offset + 10])
+    with pytest.raises(DataError, match=r"c\.jsonl: the file shrank while being read"):
+        by_ref[-1].loaded()
+    gz = tmp_path / "c.jsonl.gz"
+    gz.write_bytes(gzip.compress(b'{"text": "x"}\n' * 10))
+    assert all(b.data for b in blocks(gz, lambda _: None, 64, by_reference=True))  # compressed: by value

@@ -4,7 +4,7 @@ Formats (``.gz`` is gunzipped, ``.zst`` needs the ``zstandard`` module):
 
 * ``*.jsonl`` / ``*.json`` (optionally compressed): one document per line, the text under ``json_key``.
   Blank lines are ignored.
-* anything else (``*.txt``, ...): **one document per file** — the whole file is one document.
+* anything else (``*.txt``, ...): **one document per file** — the whole file is one document (an empty file, none).
 
 :func:`blocks` cuts a file into blocks of whole lines (~256 KiB by default) (a text file is one block);
 :func:`parse_block` turns a block into texts and one-line messages for bad lines (naming file and
@@ -149,6 +149,8 @@ def parse_block(block: Block, json_key: str, stop_at_first: bool) -> tuple[list[
     """(texts, bad-line messages, bad count) of one block."""
     hint = "; fix or remove it, or pass --skip-bad-lines"
     if not block.jsonl:
+        if not block.data:  # an empty file holds no document (as a blank JSONL line holds none)
+            return [], [], 0
         try:
             return [block.data.decode("utf-8")], [], 0
         except UnicodeDecodeError as e:

@@ -6,7 +6,7 @@ Inputs (files or globs, read by :mod:`clustertrain.data.inputs`; ``.gz`` is gunz
 * ``*.jsonl`` / ``*.json`` (optionally ``.gz``/``.zst``): one document per line, the text under
   ``json_key``. Blank lines are ignored.
 * anything else (``*.txt``, ...): **one document per file** — the whole file is one document, so a
-  book or a source file stays contiguous (split it yourself if you want paragraphs).
+  book or a source file stays contiguous (split it yourself if you want paragraphs); an empty file holds none.
 
 Each document becomes one sequence; with ``append_eod`` the tokenizer's end-of-document token
 closes it. As in Megatron's ``tools/preprocess_data.py``, a document that tokenizes to nothing
@@ -25,7 +25,9 @@ the main process appends it to the streaming :class:`~clustertrain.data.indexed.
 Bad input — a line that is not JSON, lacks the key, is not a string, holds a lone surrogate escape
 (``\\ud800``, not Unicode text), bytes that are not UTF-8,
 no documents at all — raises a one-line :class:`DataError` naming the file and line (or byte
-offset). With ``skip_bad_lines`` bad lines (or undecodable text files) are skipped and counted.
+offset), and leaves nothing behind: directories it created are removed, and an existing dataset at the prefix
+(manifest included) stays as it was. With ``skip_bad_lines`` bad lines (or undecodable text files) are skipped
+and counted.
 
 ``P.manifest.json`` (written last; the dataset counts as complete only when it exists)::
 
@@ -204,7 +206,7 @@ def prepare_dataset(inputs: str | os.PathLike | Iterable[str | os.PathLike], out
     choice = choose_encoder(tok, head_texts(files[0], json_key), allow_fast=encoder == "auto")
     if console is not None:
         console.print(f"encoder: {choice.name} ({choice.reason})", highlight=False, markup=False, soft_wrap=True)
-    manifest_path(prefix).unlink(missing_ok=True)
+    created = [d for d in (prefix.parent, *prefix.parent.parents) if not d.exists()]  # removed again on failure
     prefix.parent.mkdir(parents=True, exist_ok=True)
     dtype = token_dtype(tok.vocab_size)
     writer = IndexedWriter(prefix, dtype)
@@ -254,9 +256,16 @@ def prepare_dataset(inputs: str | os.PathLike | Iterable[str | os.PathLike], out
             names = ", ".join(str(f) for f in files[:3]) + (" ..." if len(files) > 3 else "")
             why = f" ({counts['skipped_lines']} bad lines skipped)" if counts["skipped_lines"] else ""
             raise DataError(f"{names}: no documents found{why}; give non-empty input files")
+        # the old manifest goes only now: up to here a failure leaves an existing dataset as it was
+        manifest_path(prefix).unlink(missing_ok=True)
         writer.finalize()
     except BaseException:
         writer.abort()
+        for d in created:  # deepest first; stops at the first that is not empty
+            try:
+                d.rmdir()
+            except OSError:
+                break
         raise
     finally:
         if pool is not None:

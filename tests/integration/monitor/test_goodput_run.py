@@ -54,7 +54,10 @@ def test_a_failed_then_resumed_run_accounts_for_every_allocated_second(tmp_path)
     for part, a in zip(goodput["attempts"], (first, second)):
         assert (part["start"], part["end"]) == (a.allocated, a.ended)  # allocated time: its allocation -> its end
         assert sum(part[f"{p}_s"] for p in PARTS) == pytest.approx(part["end"] - part["start"], abs=1e-6), part
-        assert part["overhead_s"] > 0 and part["productive_s"] > 0 and part["queue_s"] is None  # local: no queue
+        assert part["overhead_s"] > 0 and part["productive_s"] >= 0 and part["queue_s"] is None  # local: no queue
+    # the failed attempt may have no productive time left: when the asynchronous save of step 6 had not committed
+    # before the failure, its 5 lost steps x the last (slow) step's time can cover all it trained (goodput.py's rule)
+    assert completed["productive_s"] > 0
     assert lost["lost_s"] > 0 and lost["lost_steps"] == 8 - first.saved_step
     # from the commit to the failure, or (an asynchronous save committed while steps 7-8 trained) at least those steps
     since_commit, steps = first.ended - first.saved_at, lost["lost_steps"] * first.step_time_s

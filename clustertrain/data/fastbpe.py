@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -120,9 +120,11 @@ def _first_difference(sample: Sequence[str], want: list[np.ndarray], got: tuple[
     return None
 
 
-def choose_encoder(tokenizer: Tokenizer, corpus_texts: Sequence[str] = (), allow_fast: bool = True) -> EncoderChoice:
+def choose_encoder(tokenizer: Tokenizer, corpus_texts: Sequence[str] | Callable[[], Sequence[str]] = (),
+                   allow_fast: bool = True) -> EncoderChoice:
     """gigatoken where it reproduces ``tokenizer`` on :func:`verification_sample`, else the tokenizer itself
-    (always the tokenizer itself with ``allow_fast=False``)."""
+    (always the tokenizer itself with ``allow_fast=False``). ``corpus_texts`` may be a function, called only when
+    the sample is needed (reading the corpus's head is wasted on other tokenizers)."""
     hf_name = f"tokenizers {_version('tokenizers')}"
     if not isinstance(tokenizer, HFTokenizer):
         return EncoderChoice(tokenizer, tokenizer.identity, False, "the tokenizer's own encoder")
@@ -136,7 +138,7 @@ def choose_encoder(tokenizer: Tokenizer, corpus_texts: Sequence[str] = (), allow
     except Exception as e:  # gigatoken raises RuntimeError with a multi-line message for what it does not implement
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return EncoderChoice(tokenizer, hf_name, False, f"gigatoken cannot load this tokenizer ({first})")
-    sample = verification_sample(json.loads(text), corpus_texts)
+    sample = verification_sample(json.loads(text), corpus_texts() if callable(corpus_texts) else corpus_texts)
     # one text at a time: a batch would start tokenizers' thread pool in this process, and a worker pool forked
     # after it (when tokenizers ends up encoding) would print tokenizers' fork warning
     want = [np.asarray(tokenizer.encode(t), dtype=np.int64) for t in sample]

@@ -203,7 +203,7 @@ def prepare_dataset(inputs: str | os.PathLike | Iterable[str | os.PathLike], out
     old = _up_to_date(prefix, settings)
     if old is not None:
         return PreparedDataset(prefix, old, reused=True)
-    choice = choose_encoder(tok, head_texts(files[0], json_key), allow_fast=encoder == "auto")
+    choice = choose_encoder(tok, lambda: head_texts(files[0], json_key), allow_fast=encoder == "auto")
     if console is not None:
         console.print(f"encoder: {choice.name} ({choice.reason})", highlight=False, markup=False, soft_wrap=True)
     created = [d for d in (prefix.parent, *prefix.parent.parents) if not d.exists()]  # removed again on failure

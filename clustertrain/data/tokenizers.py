@@ -72,9 +72,13 @@ def encode_flat(tokenizer: Tokenizer, texts: Sequence[str]) -> tuple[np.ndarray,
     flat = getattr(tokenizer, "encode_flat", None)
     if flat is not None:
         return flat(texts)
-    import numpy as np  # only where tokens become arrays: `plan` and `check` load tokenizers without numpy
+    return _flatten([tokenizer.encode(t) for t in texts])
 
-    ids = [tokenizer.encode(t) for t in texts]
+
+def _flatten(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-text id lists as (all ids concatenated, ids per text)."""
+    import numpy as np
+
     return (np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64),
             np.fromiter(map(len, ids), dtype=np.int64, count=len(ids)))
 
@@ -152,15 +156,12 @@ class HFTokenizer:
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        import numpy as np
-
         # encode_batch_fast (tokenizers >= 0.21) skips offset tracking, which preprocessing never needs
         fast = getattr(self._tok, "encode_batch_fast", None)
         enc = self._tok.encode
         ids = ([e.ids for e in fast(list(texts), add_special_tokens=False)] if fast is not None
                else [enc(t, add_special_tokens=False).ids for t in texts])
-        return (np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64),
-                np.fromiter(map(len, ids), dtype=np.int64, count=len(ids)))
+        return _flatten(ids)
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(list(map(int, ids)), skip_special_tokens=False)

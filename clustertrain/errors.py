@@ -39,3 +39,8 @@ class TrainingError(ClusterTrainError):
     naming the step and the last good checkpoint. Exit 1: the input was fine, the run failed."""
 
     exit_code = 1
+
+
+class CloudError(ClusterTrainError):
+    """AWS refused or failed an operation on the project's behalf (a stack rolled back, a change set would replace a
+    bucket, ``pcluster`` rejected the config, no credentials): one line naming the resource, the reason and the fix."""

@@ -247,6 +247,8 @@ class Project(StrictModel):
     doc_reference: ClassVar[str] = "docs/project-file.md"
     _file: Path | None = PrivateAttr(None)  # the file load_project read (None: built from a mapping)
     _overrides: tuple[str, ...] = PrivateAttr(())  # the --set items load_project applied
+    _infra_state: Any = PrivateAttr(None)  # the cloud.state.InfraState beside the file (None: no stack deployed)
+    _filled_from_state: tuple[str, ...] = PrivateAttr(())  # aws fields load_project filled from it
 
     name: str = Field(..., description="Project name.")
     cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Where and on what the models train.")
@@ -316,6 +318,24 @@ class Project(StrictModel):
     def file(self) -> Path | None:
         """The project file :func:`load_project` read (None for a project built from a mapping)."""
         return self._file
+
+    @property
+    def infra_state(self) -> Any:
+        """What ``clustertrain cluster infra deploy`` recorded beside the project file
+        (:class:`clustertrain.cloud.state.InfraState`), or None."""
+        return self._infra_state
+
+    @property
+    def infra_state_path(self) -> Path | None:
+        """Where that state is (or would be) kept: ``NAME.infra.json`` beside the project file."""
+        from clustertrain.cloud.state import state_path
+
+        return state_path(self._file) if self._file is not None else None
+
+    @property
+    def filled_from_state(self) -> tuple[str, ...]:
+        """The ``aws`` fields the project file left out and the deployed stack's outputs filled."""
+        return self._filled_from_state
 
     @property
     def overrides(self) -> tuple[str, ...]:
@@ -391,6 +411,13 @@ def load_project(path: str | Path, overrides: list[str] | None = None) -> Projec
                 holder.source = str(base / src)
         if m.data.tokenizer != "byte" and not Path(m.data.tokenizer.removeprefix("hf:")).is_absolute():
             m.data.tokenizer = str(base / m.data.tokenizer.removeprefix("hf:"))
+    if project.aws is not None:  # network ids and the policy ARN the file leaves out come from the deployed stack
+        from clustertrain.cloud.state import apply_state, read_state, state_path
+
+        state = read_state(state_path(path))
+        if state is not None:
+            project._infra_state = state
+            project._filled_from_state = tuple(apply_state(project.aws, state))
     return project
 
 

@@ -60,18 +60,111 @@ def validate_cmd(
         raise typer.Exit(2)
 
 
-@app.command("infra")
-def infra_cmd(
-    project_file: Path = typer.Argument(..., help="Project file (YAML) with an `aws:` section."),
+infra_app = command_group(
+    help="The infrastructure stack (VPC, subnets, NAT, security groups, S3 buckets, node IAM policy): write its "
+         "CloudFormation template, deploy it through a change set, show it, delete it.",
+)
+app.add_typer(infra_app, name="infra")
+ProjectArg = typer.Argument(..., help="Project file (YAML) with an `aws:` section.")
+
+
+@infra_app.command("template")
+def infra_template_cmd(
+    project_file: Path = ProjectArg,
     output: Path = typer.Option(..., "-o", "--output", help="Where to write the CloudFormation template."),
     set_: list[str] = SetOpt,
 ) -> None:
-    """Write the CloudFormation template: VPC, subnets, NAT, security groups, S3 buckets, compute IAM policy."""
+    """Write the CloudFormation template (what `infra deploy` deploys): check it with cfn-lint."""
     from clustertrain.cloud import generate_infra_template
 
     generate_infra_template(load_project(project_file, set_), output)
-    typer.echo(f"wrote {output}; check: cfn-lint {output}; deploy: aws cloudformation deploy --template-file {output} "
-               "--stack-name NAME --capabilities CAPABILITY_IAM")
+    typer.echo(f"wrote {output}; check: cfn-lint {output}; deploy: clustertrain cluster infra deploy {project_file}")
+
+
+@infra_app.command("deploy")
+def infra_deploy_cmd(
+    project_file: Path = ProjectArg,
+    set_: list[str] = SetOpt,
+    dry_run: bool = typer.Option(False, "--dry-run", help="Create the change set, print it, delete it: nothing is deployed."),
+    allow_replace: bool = typer.Option(False, "--allow-replace", help="Deploy a change set that replaces a bucket or the VPC."),
+    poll: float = typer.Option(5.0, "--poll", help="Seconds between status polls.", hidden=True),
+) -> None:
+    """Create or update the stack through a CloudFormation change set and record its outputs in PROJECT.infra.json."""
+    from rich.console import Console
+
+    from clustertrain.cloud.stack import deploy
+
+    project = load_project(project_file, set_)
+    result = deploy(project, dry_run=dry_run, allow_replace=allow_replace, echo=typer.echo,
+                    console=Console(stderr=True), poll_s=poll)
+    if result.state is not None:
+        typer.echo(f"stack {result.stack_name}: {result.state.status}; outputs recorded in {project.infra_state_path}")
+        for key, value in result.state.outputs.items():
+            typer.echo(f"  {key:<24} {value}")
+
+
+@infra_app.command("status")
+def infra_status_cmd(project_file: Path = ProjectArg, set_: list[str] = SetOpt) -> None:
+    """Show the stack, its outputs, and what a deploy of the project would change now."""
+    from clustertrain.cloud.stack import inspect
+    from clustertrain.cloud.state import OUTPUT_FIELDS
+
+    project = load_project(project_file, set_)
+    report = inspect(project)
+    state = project.infra_state
+    if report.stack is None:
+        stale = f"; {project.infra_state_path} is stale (remove it)" if state is not None else ""
+        typer.echo(f"stack {report.stack_name}: not deployed in {report.region}{stale}; deploy: clustertrain cluster infra deploy {project_file}")
+        return
+    st = report.stack
+    when = st.get("LastUpdatedTime") or st.get("CreationTime")
+    typer.echo(f"stack {report.stack_name} in {report.region}: {st['StackStatus']} (last change {when:%Y-%m-%d %H:%M UTC})"
+               if when else f"stack {report.stack_name} in {report.region}: {st['StackStatus']}")
+    for key, value in report.outputs.items():
+        fills = f"  -> {OUTPUT_FIELDS[key][0]}" if key in OUTPUT_FIELDS else ""
+        typer.echo(f"  {key:<24} {value}{fills}")
+    if state is None:
+        typer.echo(f"no state file ({project.infra_state_path}): deploy again to record the outputs")
+    elif state.outputs != report.outputs:
+        typer.echo(f"{project.infra_state_path} differs from the stack's outputs: deploy again to record them")
+    if report.drift:
+        typer.echo(f"the project differs from the deployed stack: a deploy would make {len(report.drift)} change(s):")
+        for c in report.drift:
+            typer.echo("  " + c.describe())
+    else:
+        typer.echo("the deployed stack matches the project")
+
+
+@infra_app.command("delete")
+def infra_delete_cmd(
+    project_file: Path = ProjectArg,
+    set_: list[str] = SetOpt,
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+    poll: float = typer.Option(5.0, "--poll", help="Seconds between status polls.", hidden=True),
+) -> None:
+    """Delete the stack. The S3 buckets are retained (DeletionPolicy Retain): they hold the datasets and checkpoints."""
+    from rich.console import Console
+
+    from clustertrain.cloud.stack import delete, inspect
+
+    project = load_project(project_file, set_)
+    report = inspect(project)
+    if report.stack is None:
+        if project.infra_state is not None and project.infra_state_path is not None:
+            project.infra_state_path.unlink(missing_ok=True)
+            typer.echo(f"removed the stale {project.infra_state_path}")
+        typer.echo(f"there is no stack {report.stack_name} in {report.region}: nothing to delete")
+        return
+    kept = ", ".join(f"{physical or logical} ({rtype})" for logical, rtype, physical in report.retained) or "nothing"
+    typer.echo(f"stack {report.stack_name} in {report.region} ({report.stack['StackStatus']}, {report.resources} resources) "
+               f"will be deleted; retained: {kept}")
+    if not yes and not typer.confirm("Delete it?", default=False):
+        raise typer.Exit(1)
+    delete(project, report, echo=typer.echo, console=Console(stderr=True), poll_s=poll)
+    typer.echo(f"deleted stack {report.stack_name}; removed {project.infra_state_path}")
+    for logical, rtype, physical in report.retained:
+        typer.echo(f"retained {rtype} {physical or logical}: DeletionPolicy Retain keeps the datasets and checkpoints it holds; "
+                   f"delete it yourself when they are no longer needed" + (f" (aws s3 rb s3://{physical} --force)" if rtype == "AWS::S3::Bucket" and physical else ""))
 
 
 @app.command("scripts")

@@ -305,6 +305,10 @@ class AwsConfig(StrictModel):
         "alinux2023", description="Node operating system (ParallelCluster 3.16 no longer accepts alinux2)."
     )
     cluster_name: str | None = Field(None, description="ParallelCluster cluster name (used in tags and docs). Default: the project name.")
+    infra_stack_name: str | None = Field(
+        None, description="CloudFormation stack that `clustertrain cluster infra deploy` creates (VPC, subnets, security groups, "
+                          "buckets, node policy). Default: `<cluster name>-infra`.",
+    )
     head_node: HeadNodeConfig = Field(default_factory=HeadNodeConfig, description="The head node.")
     network: NetworkConfig = Field(default_factory=NetworkConfig, description="VPC, subnets, security groups and SSH access.")
     queues: list[QueueConfig] = Field(..., min_length=1, description="Slurm queues (one compute resource each).")
@@ -347,6 +351,13 @@ class AwsConfig(StrictModel):
     def _cluster_name(cls, v: str | None) -> str | None:
         if v is not None and not re.fullmatch(r"[A-Za-z][A-Za-z0-9-]{0,59}", v):
             raise ValueError(f"cluster_name {v!r} must start with a letter and hold only letters, digits and '-' (at most 60)")
+        return v
+
+    @field_validator("infra_stack_name")
+    @classmethod
+    def _stack_name(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[A-Za-z][A-Za-z0-9-]{0,127}", v):
+            raise ValueError(f"infra_stack_name {v!r} must start with a letter and hold only letters, digits and '-' (at most 128)")
         return v
 
     @field_validator("scripts_s3_uri")

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from clustertrain.cloud.pcluster import build_cluster_config
-from clustertrain.cloud.project_rules import project_findings
+from clustertrain.cloud.project_rules import deploy_fix, project_findings
+from clustertrain.cloud.state import OUTPUT_FIELDS
 from clustertrain.cloud.rules import DOC_ID_MESSAGE
 from clustertrain.cloud.validate import ValidationReport, is_project, read_cluster_config, validate_cluster_config
 from clustertrain.errors import ClusterTrainError
@@ -92,10 +93,13 @@ def cloud_report(project: "Project", use_schema: bool = True) -> ValidationRepor
     except ClusterTrainError as err:  # a problem project_findings does not know yet: still one finding, never a raise
         return ValidationReport(findings=found + [Finding("error", "aws", str(err), "fix the named field")])
     report = validate_cluster_config(config, use_schema=use_schema)
+    stack_fields = {name for name, _ in OUTPUT_FIELDS.values()}
     said = {(f.path, f.level) for f in found}
     seen: set[tuple[str, str, str]] = set()
     for f in report.findings:
         f = replace(f, path=project_path(f.path, project))
+        if f.level == "error" and DOC_ID_MESSAGE in f.message and f.path in stack_fields:
+            f = replace(f, fix=f"remove it from the project file and {deploy_fix(project)}")
         if aws.example_ids and f.level == "error" and DOC_ID_MESSAGE in f.message:
             f = replace(f, level="warning", message=f"{f.message} (allowed by aws.example_ids)",
                         fix=f"{f.fix}; then remove aws.example_ids")

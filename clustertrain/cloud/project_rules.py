@@ -87,13 +87,24 @@ def bucket_name_problem(name: str, project_name: str) -> str | None:
             "taken (CreateBucket fails with BucketAlreadyExists and the infra stack rolls back)")
 
 
+def deploy_fix(project: "Project", output: str = "") -> str:
+    """How an id of the infrastructure stack gets into the project: the deploy command with this project's file."""
+    import shlex
+
+    cmd = shlex.join(["clustertrain", "cluster", "infra", "deploy", str(project.file) if project.file else "PROJECT"])
+    where = f", recorded in {project.infra_state_path}," if project.infra_state_path else ""
+    return f"run `{cmd}`: the stack's {output + ' ' if output else ''}output{where} fills it"
+
+
 def project_findings(project: "Project", catalog: InstanceCatalog | None = None) -> list[Finding]:
     """Every problem of the ``aws:`` section that the project model alone cannot see; [] without ``aws:``."""
     aws = project.aws
     if aws is None:
         return []
     cat = catalog or load_catalog()
-    out: list[Finding] = []
+    from clustertrain.cloud.state import state_findings
+
+    out: list[Finding] = list(state_findings(project))
 
     def err(path: str, message: str, fix: str) -> None:
         out.append(Finding("error", path, message, fix))
@@ -127,11 +138,9 @@ def project_findings(project: "Project", catalog: InstanceCatalog | None = None)
             if cl.nodes > q.max_count:
                 err("cluster.nodes", f"{cl.nodes} nodes exceed aws.queues[{i}].max_count ({q.max_count})", "raise max_count or lower nodes")
     if aws.network.public_subnet_id is None:
-        err("aws.network.public_subnet_id", "the head node subnet is missing",
-            "deploy `clustertrain cluster infra` and copy its PublicSubnetId output")
+        err("aws.network.public_subnet_id", "the head node subnet is missing", deploy_fix(project, "PublicSubnetId"))
     if aws.network.private_subnet_id is None:
-        err("aws.network.private_subnet_id", "the compute/FSx subnet is missing",
-            "deploy `clustertrain cluster infra` and copy its PrivateSubnetId output")
+        err("aws.network.private_subnet_id", "the compute/FSx subnet is missing", deploy_fix(project, "PrivateSubnetId"))
     if aws.head_node.key_name is None:
         err("aws.head_node.key_name", "no EC2 key pair is named", "set it to the name of an EC2 key pair in the region (the name only)")
     try:
@@ -140,7 +149,7 @@ def project_findings(project: "Project", catalog: InstanceCatalog | None = None)
         err("aws.scripts_s3_uri", str(e).split(";")[0], "set aws.scripts_s3_uri or aws.buckets.data")
     if aws.storage_policy_arn is None:
         err("aws.storage_policy_arn", "no IAM policy gives the nodes S3 access (node scripts, datasets, checkpoint backups)",
-            "deploy `clustertrain cluster infra` and copy its StoragePolicyArn output")
+            deploy_fix(project, "StoragePolicyArn"))
     for field, name in (("aws.buckets.data", data_bucket(project)), ("aws.buckets.checkpoints", checkpoint_bucket(project))):
         problem = name and bucket_name_problem(name, project.name)
         if problem:

@@ -328,4 +328,5 @@ def _values(node: Any, path: tuple = ()) -> Iterator[Finding]:
             yield Finding("error", _p(*path), f"{node!r} is a placeholder, not a real value", "replace it with the real id or name")
         elif DOC_ID_RE.search(node):
             yield Finding("error", _p(*path), f"{node!r} {DOC_ID_MESSAGE}",
-                          "replace it with your own id (for subnets, security groups and the policy: the outputs of `clustertrain cluster infra`)")
+                          "replace it with your own id (those of subnets, security groups and the node policy: "
+                          "`clustertrain cluster infra deploy PROJECT` records them)")

@@ -91,7 +91,7 @@ def test_validate_missing_file_is_one_line(tmp_path):
 def test_no_secret_or_account_id_in_generated_files(project_file, tmp_path):
     out = tmp_path / "gen"
     assert runner.invoke(app, ["config", str(project_file), "-o", str(out / "cluster.yaml"), "--no-schema"]).exit_code == 0
-    assert runner.invoke(app, ["infra", str(project_file), "-o", str(out / "infra.yaml")]).exit_code == 0
+    assert runner.invoke(app, ["infra", "template", str(project_file), "-o", str(out / "infra.yaml")]).exit_code == 0
     r = runner.invoke(app, ["scripts", str(project_file), "-o", str(out / "scripts")])
     assert r.exit_code == 0, r.output
     assert "aws s3 cp --recursive" in r.output

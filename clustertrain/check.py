@@ -179,6 +179,8 @@ def _about_other_model(path: str, project: "Project", keep: list[str]) -> bool:
 GATES = {
     "submit": None,
     "cluster config": ["layout", "cluster", "secrets"],
+    "cluster create": ["layout", "cluster", "secrets"],
+    "cluster update": ["layout", "cluster", "secrets"],
     "validate suite": ["layout", "cluster", "launch", "secrets"],
 }
 

@@ -183,3 +183,12 @@ def scripts_cmd(
     for p in paths:
         typer.echo(f"wrote {p}")
     typer.echo(f"upload before creating the cluster: {upload}")
+
+
+def _register_lifecycle() -> None:
+    from clustertrain.cli.cluster_lifecycle import register
+
+    register(app)
+
+
+_register_lifecycle()

@@ -1,7 +1,8 @@
 """Start moto's S3 server on 127.0.0.1 (real HTTP) for tests and benches (a proxy that cuts the connection:
 :class:`tests.support.faults.CuttableProxy`).
 
-``s3_server()`` yields the endpoint URL of a fresh ``moto_server`` on a free port and stops it after.
+``s3_server()`` yields the endpoint URL of a fresh ``moto_server`` on a free port and stops it after; ``serve()``
+is its start / readiness poll / stop, shared with :func:`tests.support.moto_cfn.cfn_server`.
 """
 
 from __future__ import annotations
@@ -40,22 +41,27 @@ def _server_command(port: int) -> list[str]:
 
 
 @contextlib.contextmanager
-def s3_server(timeout_s: float = 20.0) -> Iterator[str]:
-    """Run moto's S3 server; yields its endpoint URL (``http://127.0.0.1:PORT``)."""
-    port = free_port()
-    proc = subprocess.Popen(_server_command(port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def serve(command: list[str], port: int, timeout_s: float = 20.0, cwd: Path | None = None,
+          log: Path | None = None) -> Iterator[str]:
+    """Run a moto server ``command`` that listens on 127.0.0.1:``port``; yields its endpoint URL once it answers
+    (``/moto-api/``), terminates it after. Its output goes to ``log`` (its tail is in the error if it dies before
+    answering), else nowhere."""
+    out = log.open("wb") if log else subprocess.DEVNULL
+    proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT if log else subprocess.DEVNULL, cwd=cwd)
     endpoint = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout_s
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"moto_server exited with {proc.returncode} before listening on {port}")
+                tail = log.read_text(errors="replace")[-2000:] if log else ""
+                raise RuntimeError(f"{' '.join(command[:3])} exited with {proc.returncode} before listening on {port}"
+                                   + (f":\n{tail}" if tail else ""))
             try:
                 urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1).close()
                 break
             except OSError:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"moto_server did not answer on {endpoint} within {timeout_s} s") from None
+                    raise RuntimeError(f"moto server did not answer on {endpoint} within {timeout_s} s") from None
                 time.sleep(0.05)
         yield endpoint
     finally:
@@ -65,6 +71,16 @@ def s3_server(timeout_s: float = 20.0) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        if log:
+            out.close()
+
+
+@contextlib.contextmanager
+def s3_server(timeout_s: float = 20.0) -> Iterator[str]:
+    """Run moto's S3 server; yields its endpoint URL (``http://127.0.0.1:PORT``)."""
+    port = free_port()
+    with serve(_server_command(port), port, timeout_s) as endpoint:
+        yield endpoint
 
 
 def dummy_env(**extra: str) -> dict[str, str]:

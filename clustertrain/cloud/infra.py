@@ -72,7 +72,9 @@ def build_infra_template(project: "Project") -> dict[str, Any]:
         head_ingress.append({"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "CidrIp": net.ssh_cidr,
                              "Description": "SSH from the configured CIDR only"})
     r["HeadNodeSecurityGroup"] = {"Type": "AWS::EC2::SecurityGroup", "Properties": {
-        "GroupDescription": f"{project.name} head node: SSH from {net.ssh_cidr or 'nowhere (Session Manager)'}, all from compute",
+        # fixed text: GroupDescription is create-only, so a description naming ssh_cidr would replace the group (and its id
+        # under the running head node) on every change of that CIDR; the rule itself carries it
+        "GroupDescription": f"{project.name} head node: SSH from aws.network.ssh_cidr only, all from compute",
         "VpcId": _ref("Vpc"), "SecurityGroupIngress": head_ingress, "Tags": tagged("head")}}
     r["ComputeSecurityGroup"] = {"Type": "AWS::EC2::SecurityGroup", "Properties": {
         "GroupDescription": f"{project.name} compute nodes: all traffic within the group (EFA) and from the head node",

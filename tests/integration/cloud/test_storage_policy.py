@@ -48,8 +48,9 @@ def enforced(tmp_path_factory):
     path.write_text(yaml.safe_dump(scenario_raw()))
     project = load_project(path)  # derives storage.checkpoint_bucket / data_bucket from aws.buckets
     saved = dict(os.environ)
+    env = dummy_env(INITIAL_NO_AUTH_ACTION_COUNT=str(SETUP_REQUESTS))  # before clear(): it keeps PATH, HOME...
     os.environ.clear()
-    os.environ.update(dummy_env(INITIAL_NO_AUTH_ACTION_COUNT=str(SETUP_REQUESTS)))
+    os.environ.update(env)
     try:
         with s3_server() as endpoint:
             s3 = boto3.client("s3", endpoint_url=endpoint)

@@ -209,3 +209,16 @@ def test_delete_keeps_the_buckets_and_removes_the_rest(aws_env, tmp_path):
     assert {"flag-g-data-482913650271", "flag-g-ckpt-482913650271"} <= {b["Name"] for b in s3.list_buckets()["Buckets"]}
     code, out = cli("infra", "delete", path, "--yes")
     assert code == 0 and "nothing to delete" in out
+
+
+def test_a_failed_deploy_names_the_first_failed_resource_and_blocks_the_next(aws_env, tmp_path):
+    path = flagship(tmp_path, "flag-h")
+    s3 = boto3.client("s3", region_name=REGION)
+    s3.create_bucket(Bucket="flag-h-data-482913650271", CreateBucketConfiguration={"LocationConstraint": REGION})
+    code, out = deploy(path)
+    last = out.strip().splitlines()[-1]
+    assert code == 2 and last.startswith("error: stack flag-h-infra is ROLLBACK_COMPLETE: DataBucket (AWS::S3::Bucket) CREATE_FAILED")
+    assert "infra delete" in last and not (tmp_path / "flag-h.infra.json").exists()
+    code, out = deploy(path)
+    assert code == 2 and "is ROLLBACK_COMPLETE" in out and "delete it" in out
+    assert cli("infra", "delete", path, "--yes", "--poll", "0.05")[0] == 0

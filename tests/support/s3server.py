@@ -88,3 +88,17 @@ def dummy_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env.update(DUMMY_ENV, AWS_CONFIG_FILE=os.devnull, AWS_SHARED_CREDENTIALS_FILE=os.devnull, **extra)
     return env
+
+
+@contextlib.contextmanager
+def dummy_environ(**extra: str) -> Iterator[None]:
+    """os.environ as :func:`dummy_env` gives it (dummy credentials, no AWS config files, plus ``extra``) inside the
+    block, and exactly as before after it: for fixtures whose moto server and boto3 clients read the environment."""
+    saved, env = dict(os.environ), dummy_env(**extra)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)

@@ -1,7 +1,6 @@
 """The cloud scenario fixtures, shared with the unit tests, and ``cfn_endpoint``: a moto server whose CloudFormation
 behaves like AWS for our infrastructure template (tests/support/moto_cfn.py), one per test module."""
 
-import os
 from collections.abc import Iterator
 
 import pytest
@@ -14,14 +13,7 @@ def cfn_endpoint() -> Iterator[str]:
     """Endpoint URL (``http://127.0.0.1:PORT``) of a fresh moto server with the CloudFormation fixes, for the whole
     module. While it runs, os.environ has dummy AWS credentials and no AWS config files (restored after)."""
     from tests.support.moto_cfn import cfn_server
-    from tests.support.s3server import dummy_env
+    from tests.support.s3server import dummy_environ
 
-    saved, env = dict(os.environ), dummy_env()
-    os.environ.clear()
-    os.environ.update(env)
-    try:
-        with cfn_server() as endpoint:
-            yield endpoint
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    with dummy_environ(), cfn_server() as endpoint:
+        yield endpoint

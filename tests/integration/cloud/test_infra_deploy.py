@@ -36,17 +36,10 @@ ACCOUNT = "482913650271"  # moto's default account, 123456789012, is the AWS doc
 def cfn_endpoint():
     """The module's server (tests/support/moto_cfn.py), in an account whose ARNs are not documentation examples."""
     from tests.support.moto_cfn import cfn_server
-    from tests.support.s3server import dummy_env
+    from tests.support.s3server import dummy_environ
 
-    saved, env = dict(os.environ), dummy_env(MOTO_ACCOUNT_ID=ACCOUNT)
-    os.environ.clear()
-    os.environ.update(env)
-    try:
-        with cfn_server() as endpoint:
-            yield endpoint
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    with dummy_environ(MOTO_ACCOUNT_ID=ACCOUNT), cfn_server() as endpoint:
+        yield endpoint
 
 
 @pytest.fixture

@@ -2,28 +2,19 @@
 
 from __future__ import annotations
 
-import os
 import uuid
 
 import boto3
 import pytest
 
 from clustertrain.storage import StoreConfig
-from tests.support.s3server import dummy_env, s3_server
+from tests.support.s3server import dummy_environ, s3_server
 
 
 @pytest.fixture(scope="session")
 def s3_endpoint():
-    saved = dict(os.environ)
-    env = dummy_env()  # this environment with dummy credentials for boto3's chain; nothing real is reachable
-    os.environ.clear()
-    os.environ.update(env)
-    try:
-        with s3_server() as endpoint:
-            yield endpoint
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    with dummy_environ(), s3_server() as endpoint:  # dummy credentials for boto3's chain; nothing real is reachable
+        yield endpoint
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ from clustertrain.cloud.changeset import Change, from_aws, merge, predict, refus
 from clustertrain.cloud.infra import build_infra_template, render_infra_template
 from clustertrain.cloud.pcluster import cluster_name
 from clustertrain.cloud.project_rules import require_aws
-from clustertrain.cloud.state import OUTPUT_FIELDS, InfraState, state_path, write_state
+from clustertrain.cloud.state import InfraState, state_path, write_state
 from clustertrain.errors import CloudError, ConfigError
 
 if TYPE_CHECKING:

@@ -38,7 +38,9 @@ the write phase is ``_DistWrapper.all_reduce("write", write_data, finish_checkpo
 writes its data and the coordinator gathers all ranks' write results, then runs
 ``storage_writer.finish`` (which writes ``.metadata``), then broadcasts; rank 0's future resolves after
 that, so every rank's data and ``.metadata`` are on disk when it does (torch 2.13; DCP fsyncs each data
-file before returning its write result). :meth:`~CheckpointManager.poll` (non-blocking, each step),
+file before returning its write result). :meth:`~CheckpointManager.commit_finished` (non-blocking, each
+step, once every rank has reported its write finished in the trainer's per-step control all-reduce, so all ranks
+commit, or fail, at the same step; :meth:`~CheckpointManager.poll` in a single process),
 :meth:`~CheckpointManager.wait` (at the end) and the next ``save`` commit it and return its path on rank 0.
 The data files are ``torch.save`` records without zip CRC-32s (``torch.load`` never checks them).
 
@@ -53,7 +55,7 @@ size is caught by DCP's load failing. Only when no checkpoint loads does the res
 each and the fix).
 
 A save that fails (a full file system, quota, I/O error; in the synchronous write, the asynchronous
-write — seen at :meth:`~CheckpointManager.poll`/:meth:`~CheckpointManager.wait` — or the commit) raises one
+write — seen at :meth:`~CheckpointManager.commit_finished`/:meth:`~CheckpointManager.wait` — or the commit) raises one
 :class:`~clustertrain.errors.RunDirError` line naming the step, the file system (type, mount point, free and
 total space: ``os.statvfs`` and ``/proc/self/mounts``) and the checkpoint ``latest`` still names; rank 0
 first removes the half-written ``.tmp-step_N``.
@@ -338,9 +340,22 @@ class CheckpointManager:
         return previous
 
     def poll(self) -> Path | None:
-        """Without blocking: if the in-flight async save has finished, commit it (rank 0) and return its
-        path on rank 0; else (or on other ranks) None."""
-        if self._inflight is None or not self._inflight.future.done():
+        """Without blocking, in a single process: if the in-flight async save has finished, commit it and return
+        its path. Ranks of a group must not each poll (their writes finish at different moments, so they would
+        commit, or fail, at different steps): they agree on :meth:`finished_step` and call
+        :meth:`commit_finished` with the agreed step."""
+        return self.commit_finished(self.finished_step())
+
+    def finished_step(self) -> int:
+        """The step of the in-flight async save when this rank's write has finished (written or failed), else -1."""
+        return self._inflight.step if self._inflight is not None and self._inflight.future.done() else -1
+
+    def commit_finished(self, step: int) -> Path | None:
+        """Every rank, with the same ``step``: the minimum of every rank's :meth:`finished_step` (as Megatron-LM's
+        ``AsyncCallsQueue`` all-reduces "is done" before finalizing). Commits the in-flight save if it is that
+        step (every rank has finished writing it, so :meth:`wait` does not block); its path on rank 0, else None.
+        A failed write raises here on every rank at once."""
+        if self._inflight is None or self._inflight.step != step:
             return None
         return self.wait()
 

@@ -228,22 +228,31 @@ class Trainer:
         return loss_sum, grad_norm
 
     def _agree_stop(self, stop: StopRequest) -> bool:
-        """True when some rank had a stop request by the previous step boundary (the same answer on every rank)."""
+        """True when some rank had a stop request by the previous step boundary (the same answer on every rank).
+        The same collective carries each rank's finished async save: one that every rank had finished by the
+        previous boundary is committed here, at the same step on every rank (a rank that saw its own write fail
+        earlier than a peer would otherwise stop while that peer trains on into a dead collective)."""
         if not dist.is_initialized():
+            self._committed(self.ckpt.poll())
             return stop.requested
         self._phase("collective")
         with self.timer.part("comm"):
-            agreed = self._finish_stop_check()
-        self._stop_flag = torch.tensor([1 if stop.requested else 0], dtype=torch.int32)
-        self._stop_work = dist.all_reduce(self._stop_flag, op=dist.ReduceOp.MAX, group=self.ctrl, async_op=True)
+            agreed, finished = self._finish_stop_check()
+        self._committed(self.ckpt.commit_finished(finished))
+        # [0]: 0 when this rank has a stop request; [1]: the step of its finished async save, else -1 (MIN: all agree)
+        self._stop_flag = torch.tensor([0 if stop.requested else 1, self.ckpt.finished_step()], dtype=torch.int32)
+        self._stop_work = dist.all_reduce(self._stop_flag, op=dist.ReduceOp.MIN, group=self.ctrl, async_op=True)
         return agreed
 
-    def _finish_stop_check(self) -> bool:
+    def _finish_stop_check(self) -> tuple[bool, int]:
+        """The answer of the check in flight: (some rank asked to stop, the step of the async save every rank has
+        finished writing or -1)."""
         if self._stop_work is None:
-            return False
+            return False, -1
         self._stop_work.wait()
         self._stop_work = None
-        return bool(self._stop_flag.item())
+        no_stop, finished = (int(v) for v in self._stop_flag.tolist())
+        return no_stop == 0, finished
 
     def _save(self, final: bool) -> None:
         """Save at this step: asynchronously unless it is the run's last save (then wait, so it is committed)."""
@@ -371,8 +380,7 @@ class Trainer:
                 if self.step % cfg.log_every == 0 or self.step in (1, cfg.max_steps):
                     self._log_row(loss, grad_norm, lr, interval_time / interval_steps)
                     interval_time, interval_steps = 0.0, 0
-                self._committed(self.ckpt.poll())
-                self._stopping = self._agree_stop(stop)
+                self._stopping = self._agree_stop(stop)  # also commits an async save every rank has written
                 if self._stopping and self._stop_received is None:
                     self._stop_received = stop.received or time.time()  # a peer's signal: now is when rank 0 knew
                     if self.watch:

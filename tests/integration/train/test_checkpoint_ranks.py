@@ -126,10 +126,28 @@ class SlowWriter:
         return _Slow(str(path))
 
 
+class FullWriter:
+    """A FileSystemWriter whose data write fails after a moment, as on a full file system."""
+
+    def __new__(cls, path):
+        import errno
+
+        from torch.distributed.checkpoint import FileSystemWriter
+
+        class _Full(FileSystemWriter):
+            def write_data(self, plan, planner):
+                time.sleep(1)
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+        return _Full(str(path))
+
+
 def worker(out: Path, phases: list[str]) -> None:
     """Phases: ``save:KIND:DIR`` (train 2 steps, save step 2, write DIR/ref.pt, record the next torch.rand),
     ``load:KIND:DIR`` (fresh model, load, compare with DIR/ref.pt), ``async-kill:DIR`` (save step 1 async +
-    keep training + wait; then an async save that stays in flight; then wait to be killed)."""
+    keep training + wait; then an async save that stays in flight; then wait to be killed), ``async-agree:DIR``
+    (an async save whose write fails; each step the ranks all-reduce :meth:`finished_step` and commit the agreed
+    one, rank 1 looking only after its write surely finished, rank 0 at once: both must fail at the same step)."""
     import torch
     import torch.distributed as dist
 
@@ -187,6 +205,27 @@ def worker(out: Path, phases: list[str]) -> None:
             mgr.save(2, 32, app_state(model, opt, TrainState(2, 32)), async_save=True)
             (out / f"rank{rank}.json").write_text(json.dumps(report))
             time.sleep(300)  # killed here, mid-write
+        elif action == "async-agree":
+            from clustertrain.errors import RunDirError
+
+            mgr = manager(Path(args[0]), "fsdp", writer=FullWriter)
+            model, opt = build("fsdp", seed=1)
+            mgr.save(1, 16, app_state(model, opt, TrainState(1, 16)), async_save=True)
+            if rank == 1:
+                time.sleep(3)  # its write has failed by now; rank 0's first look comes before that
+            failed_at, line, mine = None, "", []
+            for step in range(2, 40):
+                mine.append(mgr.finished_step())
+                agreed = torch.tensor([mine[-1]], dtype=torch.int32)
+                dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+                try:
+                    mgr.commit_finished(int(agreed))
+                except RunDirError as e:
+                    failed_at, line = step, str(e)
+                    break
+                train(model, opt, 1, seed=step)  # a training step: collectives a rank that left would break
+                time.sleep(0.1)
+            report[phase] = {"failed_at": failed_at, "line": line, "seen": mine}
     (out / f"rank{rank}.json").write_text(json.dumps(report))
     if dist.is_initialized():
         dist.barrier()
@@ -305,3 +344,15 @@ def test_sigkill_during_async_save_leaves_latest_at_the_previous_checkpoint(tmp_
 
 if __name__ == "__main__":
     worker(Path(sys.argv[1]), sys.argv[2:])
+
+
+def test_an_async_save_fails_on_every_rank_at_the_same_step(tmp_path):
+    """Each rank learns that its async write finished at its own moment; committing at the agreed step (the
+    minimum of every rank's finished step) makes them all stop together, none left in a collective alone."""
+    root = tmp_path / "ckpt"
+    reports = [r[f"async-agree:{root}"] for r in run_ranks(2, tmp_path / "out", f"async-agree:{root}")]
+    assert reports[0]["seen"][0] == -1 and reports[1]["seen"][0] == 1  # the ranks saw it finish at different steps
+    assert reports[0]["failed_at"] == reports[1]["failed_at"] is not None
+    for rep in reports:
+        assert rep["line"].startswith(f"checkpoint step 1 was not saved in {root}: the file system is full"), rep
+    assert not (root / ".tmp-step_00000001").exists() and not (root / "latest").exists()

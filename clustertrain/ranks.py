@@ -46,6 +46,9 @@ RANK_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_LOCALID",
                   "SLURM_NODEID", "SLURM_TASKS_PER_NODE", "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST")
 #: torchrun-style variables; a batch script unsets them so that srun's SLURM_* variables decide.
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+#: what a rank's error says when it failed because a peer died first (gloo, NCCL): a consequence, not the cause
+PEER_FAILED_RE = re.compile(r"remote worker crash|Connection closed by peer|Connection reset by peer|"
+                            r"remote process exited|peer process", re.IGNORECASE)
 
 
 class RankError(ClusterTrainError):

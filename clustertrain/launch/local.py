@@ -13,7 +13,6 @@ a hang ends the run within the watchdog's bound, with the ranks behind named and
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -27,13 +26,11 @@ from clustertrain.launch.local_ranks import reap_ranks, start_local_ranks, stop_
 from clustertrain.launch.prepare import RunSpec
 from clustertrain.monitor.heartbeats import clear_heartbeats
 from clustertrain.monitor.watchdog import Watchdog
+from clustertrain.ranks import PEER_FAILED_RE
 from clustertrain.states import State
 
 POLL_S = 0.5
 KILL_GRACE_S = 5.0
-#: what a rank prints when it fails because a peer died first (gloo, NCCL): not the cause to report
-PEER_FAILED_RE = re.compile(r"remote worker crash|Connection closed by peer|Connection reset by peer|"
-                            r"remote process exited|peer process", re.IGNORECASE)
 
 
 def rank_command(spec: RunSpec) -> list[str]:

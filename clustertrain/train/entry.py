@@ -63,6 +63,12 @@ def run_rank(run_dir: Path, model_name: str) -> int:
                   file=sys.stderr, flush=True)
             sys.stdout.flush()
             os._exit(EXIT_WATCHDOG)
+        lost = _lost_peer(sys.exc_info()[1])
+        if lost:  # the peer that left says why; this rank's traceback would only bury that line
+            print(f"[clustertrain] rank {env.rank}: stopped: a peer rank left during a collective ({lost})",
+                  file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(1)
         raise
     beacon.close("done")
     return code
@@ -118,6 +124,15 @@ def _train(project, entry, paths: RunPaths, env, stop, beacon) -> int:
         outcome.backup = fields["backup"]
         write_status(paths, outcome, backup)
     return EXIT_OK
+
+
+def _lost_peer(error: BaseException | None) -> str:
+    """The first line of ``error`` when it says a peer process died (gloo's "Connection closed by peer", …), else
+    ''. The launcher (:func:`clustertrain.launch.local._cause`) skips such a rank when it names the failure."""
+    from clustertrain.ranks import PEER_FAILED_RE
+
+    text = str(error or "").strip().splitlines()
+    return text[0][:300] if text and PEER_FAILED_RE.search(text[0]) else ""
 
 
 def _log(message: str) -> None:

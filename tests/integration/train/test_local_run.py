@@ -140,6 +140,8 @@ def test_failing_worker_stops_the_run_and_names_the_rank(tiny_project, tmp_path)
     assert "rank 1 exited with code 1" in res.stdout
     assert "injected failure at step 5" in res.stdout
     assert not processes_mentioning(str(run_dir))  # rank 0, blocked in a collective, was stopped too
+    rank0 = (run_dir / "logs" / "rank0.log").read_text()  # stopped by the launcher, or by the peer's closed socket:
+    assert "Traceback" not in rank0, rank0  # either way, no traceback for a consequence
 
 
 def test_slurm_style_environment_starts_the_entry_point(tiny_project, tmp_path):

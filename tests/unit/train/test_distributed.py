@@ -34,3 +34,13 @@ def test_bad_rank_env_is_a_user_error():
         RankEnv.from_environ({"RANK": "2", "WORLD_SIZE": "2"})
     with pytest.raises(RankError, match="RANK='x' is not an integer"):
         RankEnv.from_environ({"RANK": "x", "WORLD_SIZE": "2"})
+
+
+def test_a_peer_that_left_is_recognised_in_gloo_and_nccl_errors():
+    from clustertrain.train.entry import _lost_peer
+
+    gloo = RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by "
+                        "peer [127.0.0.1]:43213. This is typically caused by a remote worker crashing.\nmore")
+    assert _lost_peer(gloo).startswith("[/__w/pytorch") and _lost_peer(gloo).endswith("remote worker crashing.")
+    assert _lost_peer(RuntimeError("NCCL error: remote process exited or there was a network error")) != ""
+    assert _lost_peer(ValueError("shape mismatch")) == "" and _lost_peer(None) == ""

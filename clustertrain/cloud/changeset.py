@@ -10,8 +10,9 @@ per resource, the stronger of AWS's answer and the prediction, so the refusal be
 (or an emulator) leaves ``Replacement`` out, and ``infra status`` can say what a deploy would do before one runs.
 
 :data:`GUARDED` types are never replaced without ``--allow-replace``: a new bucket is an empty bucket (the old one is
-retained, but every dataset and checkpoint URI now points at an empty one) and a new VPC recreates every subnet,
-security group and route, under a running cluster.
+retained, but every dataset and checkpoint URI now points at an empty one), a new FSx file system is an empty one
+under the same mount point (the old one is retained, unmounted), and a new VPC recreates every subnet, security
+group and route, under a running cluster.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 #: resource types a deploy never replaces without --allow-replace
-GUARDED = {"AWS::S3::Bucket": "bucket", "AWS::EC2::VPC": "VPC"}
+GUARDED = {"AWS::S3::Bucket": "bucket", "AWS::EC2::VPC": "VPC", "AWS::FSx::FileSystem": "FSx file system"}
 _RANK = {"": 0, "False": 0, "Conditional": 1, "True": 2}
 
 

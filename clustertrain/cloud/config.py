@@ -189,7 +189,10 @@ class FsxConfig(StrictModel):
         "PERSISTENT_2", description="FSx for Lustre deployment type."
     )
     compression: Literal["LZ4", "NONE"] = Field("LZ4", description="Data compression (LZ4 saves capacity on checkpoints and text).")
-    file_system_id: str | None = Field(None, description="Mount an existing file system (`fs-...`) instead of creating one.")
+    file_system_id: str | None = Field(
+        None, description="Mount a file system you created (`fs-...`). Without it the infrastructure stack creates this one "
+                          "(`clustertrain cluster infra deploy`; ParallelCluster itself creates at most one) and the cluster "
+                          "mounts it by the id the stack recorded.")
     holds: list[Literal["datasets", "checkpoints", "outputs", "logs", "tensorboard"]] = Field(
         default_factory=list,
         description="Per-model directories created on this file system. Kinds no file system names go to the first one.",
@@ -307,7 +310,7 @@ class AwsConfig(StrictModel):
     cluster_name: str | None = Field(None, description="ParallelCluster cluster name (used in tags and docs). Default: the project name.")
     infra_stack_name: str | None = Field(
         None, description="CloudFormation stack that `clustertrain cluster infra deploy` creates (VPC, subnets, security groups, "
-                          "buckets, node policy). Default: `<cluster name>-infra`.",
+                          "buckets, node policy, FSx file systems). Default: `<cluster name>-infra`.",
     )
     head_node: HeadNodeConfig = Field(default_factory=HeadNodeConfig, description="The head node.")
     network: NetworkConfig = Field(default_factory=NetworkConfig, description="VPC, subnets, security groups and SSH access.")

@@ -1,6 +1,17 @@
 """CloudFormation template for what the cluster stands on: VPC, subnets, NAT, security groups,
-S3 buckets for data and checkpoints, and the least-privilege IAM policy the nodes get (``StoragePolicy``,
-output ``StoragePolicyArn`` -> ``aws.storage_policy_arn`` -> ``AdditionalIamPolicies`` of the head node and every queue).
+S3 buckets for data and checkpoints, the least-privilege IAM policy the nodes get (``StoragePolicy``,
+output ``StoragePolicyArn`` -> ``aws.storage_policy_arn`` -> ``AdditionalIamPolicies`` of the head node and every queue),
+and the FSx for Lustre file systems of ``aws.fsx`` that name no ``file_system_id``.
+
+Why the stack creates the file systems and not ParallelCluster: ParallelCluster creates at most one new FSx per cluster
+(``MAX_NEW_STORAGE_COUNT`` in pcluster/constants.py, its NumberOfStorageValidator) and up to 20 existing ones can be
+mounted by id; a file system in this stack also outlives a deleted cluster (the pattern of aws-samples'
+awsome-distributed-training, whose prerequisites stack holds the VPC and the FSx). Each is ``Fsx<Name>``
+(:func:`clustertrain.cloud.state.fsx_logical_id`), in the private subnet, Lustre 2.15 (what ParallelCluster 3.16
+creates), DeletionPolicy Retain, with output ``Fsx<Name>Id`` that the cluster config mounts. Their security group
+``FsxSecurityGroup`` takes all traffic from the head node's and compute groups and from itself, as the group
+ParallelCluster makes for a file system it creates (``_add_storage_security_group`` in pcluster/templates/cluster_stack.py);
+the nodes' groups keep their default allow-all egress.
 
 Built as a dict (long-form intrinsics: ``{"Ref": ...}``, ``{"Fn::GetAtt": [...]}``) and dumped as
 YAML. No account id appears: ARNs use ``${AWS::Partition}`` and bucket names. Deploy with
@@ -13,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from clustertrain.cloud.pcluster import dump_yaml
 from clustertrain.cloud.project_rules import bucket_of, checkpoint_bucket, data_bucket, prefix_of, require_aws, scripts_uri
+from clustertrain.cloud.state import fsx_logical_id, fsx_output
 from clustertrain.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -25,6 +37,43 @@ def _ref(name: str) -> dict[str, str]:
 
 def _att(name: str, attr: str) -> dict[str, list[str]]:
     return {"Fn::GetAtt": [name, attr]}
+
+
+def _file_systems(project: "Project", r: dict[str, Any], outputs: dict[str, Any], tagged: Any) -> None:
+    """The FSx for Lustre file systems the stack creates (see the module docstring), their security group and outputs."""
+    aws = require_aws(project)
+    created = [f for f in aws.fsx if f.file_system_id is None]
+    if not created:
+        return
+    names: dict[str, str] = {}
+    for f in created:
+        logical = fsx_logical_id(f.name)
+        if logical in names:
+            raise ConfigError(f"aws.fsx: the names {names[logical]!r} and {f.name!r} both make the template's logical id "
+                              f"{logical}; rename one (letters and digits differ, not only '-' and '_')")
+        names[logical] = f.name
+    r["FsxSecurityGroup"] = {"Type": "AWS::EC2::SecurityGroup", "Properties": {
+        "GroupDescription": f"{project.name} FSx for Lustre: all traffic from the head node, compute and the file servers",
+        "VpcId": _ref("Vpc"), "Tags": tagged("fsx")}}
+    for name, source in (("FsxFromHead", "HeadNodeSecurityGroup"), ("FsxFromCompute", "ComputeSecurityGroup"),
+                         ("FsxFromFsx", "FsxSecurityGroup")):
+        r[name] = {"Type": "AWS::EC2::SecurityGroupIngress", "Properties": {
+            "GroupId": _att("FsxSecurityGroup", "GroupId"), "SourceSecurityGroupId": _att(source, "GroupId"), "IpProtocol": "-1",
+            "Description": f"all traffic (Lustre: TCP 988) from {source}"}}
+    for f in created:
+        lustre: dict[str, Any] = {"DeploymentType": f.deployment_type}
+        if f.effective_throughput is not None:
+            lustre["PerUnitStorageThroughput"] = f.effective_throughput
+        if f.compression == "LZ4":
+            lustre["DataCompressionType"] = "LZ4"
+        logical = fsx_logical_id(f.name)
+        r[logical] = {"Type": "AWS::FSx::FileSystem", "DeletionPolicy": "Retain", "UpdateReplacePolicy": "Retain",
+                      "DependsOn": ["FsxFromHead", "FsxFromCompute", "FsxFromFsx"], "Properties": {
+                          "FileSystemType": "LUSTRE", "FileSystemTypeVersion": "2.15", "StorageType": "SSD",
+                          "StorageCapacity": f.capacity_gb, "SubnetIds": [_ref("PrivateSubnet")],
+                          "SecurityGroupIds": [_att("FsxSecurityGroup", "GroupId")], "LustreConfiguration": lustre,
+                          "Tags": tagged(f.name)}}
+        outputs[fsx_output(f.name)] = {"Value": _ref(logical), "Description": f"aws.fsx {f.name} ({f.mount_dir}): its FileSystemId"}
 
 
 def build_infra_template(project: "Project") -> dict[str, Any]:
@@ -92,7 +141,9 @@ def build_infra_template(project: "Project") -> dict[str, Any]:
         "GroupId": _att("ComputeSecurityGroup", "GroupId"), "DestinationSecurityGroupId": _att("ComputeSecurityGroup", "GroupId"),
         "IpProtocol": "-1", "Description": "all traffic within the compute group (EFA)"}}
 
-    outputs: dict[str, Any] = {
+    outputs: dict[str, Any] = {}
+    _file_systems(project, r, outputs, tagged)
+    outputs |= {
         "VpcId": {"Value": _ref("Vpc"), "Description": "VPC id"},
         "PublicSubnetId": {"Value": _ref("PublicSubnet"), "Description": "aws.network.public_subnet_id (head node)"},
         "PrivateSubnetId": {"Value": _ref("PrivateSubnet"), "Description": "aws.network.private_subnet_id (compute, FSx)"},

@@ -428,11 +428,15 @@ def status_lines(d: dict[str, Any]) -> list[str]:
 
 
 def retained(project: "Project") -> str:
-    """What a cluster delete keeps (``DeletionPolicy: Retain`` in the generated config; existing ones are untouched)."""
+    """What a cluster delete keeps: the EBS volumes (``DeletionPolicy: Retain`` in the generated config) and every FSx
+    (mounted by id: the infrastructure stack's, or existing ones; ParallelCluster owns none of them)."""
     aws = require_aws(project)
-    kept = [f"FSx {f.name}" for f in aws.fsx if not f.file_system_id] + [f"EBS {e.name}" for e in aws.ebs]
+    kept = [f"EBS {e.name}" for e in aws.ebs]
+    stack = [f"FSx {f.name}" for f in aws.fsx if not f.file_system_id]
     existing = [f"FSx {f.file_system_id}" for f in aws.fsx if f.file_system_id]
     parts = [f"retained: {', '.join(kept)} (DeletionPolicy Retain: delete them yourself when no longer needed)"] if kept else []
+    if stack:
+        parts.append(f"not touched: {', '.join(stack)} (the infrastructure stack's)")
     if existing:
         parts.append(f"not touched: {', '.join(existing)}")
     parts.append("the CloudWatch log group and the S3 buckets stay")

@@ -23,6 +23,7 @@ from clustertrain.cloud.project_rules import (  # noqa: F401 - re-exported: scri
     scripts_uri,
 )
 from clustertrain.cloud.config import AwsConfig
+from clustertrain.cloud.state import deployed_fsx_id
 from clustertrain.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -117,7 +118,7 @@ def build_cluster_config(project: "Project", catalog: InstanceCatalog | None = N
             "SlurmQueues": queues,
         },
     }
-    storage = [_fsx(f) for f in aws.fsx] + [_ebs(e) for e in aws.ebs]
+    storage = [_fsx(f, i, project) for i, f in enumerate(aws.fsx)] + [_ebs(e) for e in aws.ebs]
     if storage:
         config["SharedStorage"] = storage
     mon = aws.monitoring
@@ -143,17 +144,18 @@ def _resource_name(instance_type: str) -> str:
     return instance_type.replace(".", "-")[:50]
 
 
-def _fsx(f) -> dict[str, Any]:
-    if f.file_system_id:
-        settings: dict[str, Any] = {"FileSystemId": f.file_system_id}
-    else:
-        settings = {"StorageCapacity": f.capacity_gb, "DeploymentType": f.deployment_type}
-        if f.effective_throughput is not None:
-            settings["PerUnitStorageThroughput"] = f.effective_throughput
-        if f.compression == "LZ4":
-            settings["DataCompressionType"] = "LZ4"
-        settings["DeletionPolicy"] = "Retain"
-    return {"MountDir": f.mount_dir, "Name": f.name, "StorageType": "FsxLustre", "FsxLustreSettings": settings}
+#: the FileSystemId of a file system the infrastructure stack has not created yet (an id in the AWS documentation's
+#: form, so `check` reports it as one: an error naming `infra deploy`, a warning with aws.example_ids)
+UNDEPLOYED_FSX = "fs-0123456789abcdef{}"
+
+
+def _fsx(f, index: int, project: "Project") -> dict[str, Any]:
+    """Every file system is mounted by id: one the project names (``file_system_id``), else the one the
+    infrastructure stack created for it (clustertrain.cloud.infra: ParallelCluster creates at most one new FSx per
+    cluster, ``MAX_NEW_STORAGE_COUNT`` in pcluster/constants.py; the stack creates any number, and they outlive the
+    cluster)."""
+    fs_id = f.file_system_id or deployed_fsx_id(project, f.name) or UNDEPLOYED_FSX.format(index % 10)
+    return {"MountDir": f.mount_dir, "Name": f.name, "StorageType": "FsxLustre", "FsxLustreSettings": {"FileSystemId": fs_id}}
 
 
 def _ebs(e) -> dict[str, Any]:

@@ -33,6 +33,8 @@ PURE = {
     "FsxPersistentOptionsValidator": "FSx for Lustre throughput only (and always) for PERSISTENT types",
     "DuplicateMountDirValidator": "one mount dir per shared storage; none equal to an EphemeralVolume",
     "OverlappingMountDirValidator": "no shared mount dir inside another (or inside an EphemeralVolume)",
+    "NumberOfStorageValidator": "at most 1 new and 20 existing FSx, at most 5 EBS (MAX_NEW_STORAGE_COUNT, "
+                                "MAX_EXISTING_STORAGE_COUNT, MAX_EBS_COUNT in pcluster/constants.py)",
 }
 
 #: (validator, message start) -> why clustertrain drops the result
@@ -118,8 +120,24 @@ def validator_findings(loaded: Any, raw: dict[str, Any]) -> list[Finding]:
                                   local_mount_dir_instance_types_dict=local))
         add("SharedStorage", _run("OverlappingMountDirValidator", "cluster_validators",
                                   shared_mount_dir_list=[s.mount_dir for s in shared], local_mount_dir_list=list(local)))
+        add("SharedStorage", _storage_counts(shared))
 
     return [Finding(lvl, path, msg.rstrip("."), _fix(v, msg), source=f"aws-parallelcluster {v}") for lvl, path, msg, v in found]
+
+
+def _storage_counts(shared: list[Any]) -> list[tuple[str, str, str]]:
+    """NumberOfStorageValidator as ``_validate_max_storage_count`` registers it, for FSx for Lustre (new: no
+    FileSystemId; existing) and EBS, with pcluster's own limits."""
+    from pcluster.constants import MAX_EBS_COUNT, MAX_EXISTING_STORAGE_COUNT, MAX_NEW_STORAGE_COUNT
+
+    fsx = [s for s in shared if type(s).__name__ == "SharedFsxLustre"]
+    new = sum(1 for s in fsx if not s.file_system_id)
+    out = _run("NumberOfStorageValidator", "cluster_validators", storage_type="new FSx",
+               max_number=MAX_NEW_STORAGE_COUNT["fsx"], storage_count=new)
+    out += _run("NumberOfStorageValidator", "cluster_validators", storage_type="existing FSx",
+                max_number=MAX_EXISTING_STORAGE_COUNT["fsx"], storage_count=len(fsx) - new)
+    return out + _run("NumberOfStorageValidator", "cluster_validators", storage_type="EBS", max_number=MAX_EBS_COUNT,
+                      storage_count=sum(1 for s in shared if type(s).__name__ == "SharedEbs"))
 
 
 def _dropped(validator: str, message: str) -> bool:
@@ -130,6 +148,8 @@ FIXES = {
     "ComputeResourceSizeValidator": "set MinCount <= MaxCount; with a Capacity Block MinCount = MaxCount > 0 (static nodes)",
     "PlacementGroupCapacityTypeValidator": "set Networking.PlacementGroup.Enabled: false",
     "EfaPlacementGroupValidator": "set Networking.PlacementGroup.Enabled explicitly",
+    "NumberOfStorageValidator": "create the other file systems outside the cluster (clustertrain's infrastructure stack "
+                                "creates every aws.fsx entry) and mount them by FileSystemId",
 }
 
 

@@ -59,7 +59,7 @@ CONFIG_TO_PROJECT: tuple[tuple[str, str], ...] = (
     (r"^Region$", "aws.region"),
     (r"^Image\.Os$", "aws.os"),
 )
-_FSX_FIELDS = {"StorageCapacity": "capacity_gb", "PerUnitStorageThroughput": "throughput", "DeploymentType": "deployment_type"}
+_FSX_FIELDS = {"FileSystemId": "file_system_id", "StorageCapacity": "capacity_gb", "PerUnitStorageThroughput": "throughput", "DeploymentType": "deployment_type"}
 
 
 def project_path(config_path: str, project: "Project") -> str:

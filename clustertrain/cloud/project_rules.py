@@ -141,6 +141,14 @@ def project_findings(project: "Project", catalog: InstanceCatalog | None = None)
         err("aws.network.public_subnet_id", "the head node subnet is missing", deploy_fix(project, "PublicSubnetId"))
     if aws.network.private_subnet_id is None:
         err("aws.network.private_subnet_id", "the compute/FSx subnet is missing", deploy_fix(project, "PrivateSubnetId"))
+    from clustertrain.cloud.state import deployed_fsx_id, fsx_output
+
+    for i, f in enumerate(aws.fsx):
+        if f.file_system_id is None and deployed_fsx_id(project, f.name) is None:
+            level, allowed = ("warning", " (allowed by aws.example_ids)") if aws.example_ids else ("error", "")
+            out.append(Finding(level, f"aws.fsx[{i}].file_system_id",
+                               f"{f.name} ({f.mount_dir}) is created by the infrastructure stack, which has not created it "
+                               f"yet{allowed}", deploy_fix(project, fsx_output(f.name))))
     if aws.head_node.key_name is None:
         err("aws.head_node.key_name", "no EC2 key pair is named", "set it to the name of an EC2 key pair in the region (the name only)")
     try:

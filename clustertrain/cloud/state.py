@@ -15,8 +15,9 @@ version 1; readers ignore keys a newer version adds)::
       "template_sha256": "...",               # of the deployed template body: `infra status` compares the project's
       "outputs": {"VpcId": "vpc-...", "PublicSubnetId": "subnet-...", "PrivateSubnetId": "subnet-...",
                   "HeadNodeSecurityGroupId": "sg-...", "ComputeSecurityGroupId": "sg-...",
-                  "DataBucketName": "...", "CheckpointBucketName": "...", "StoragePolicyArn": "arn:aws:iam::...:policy/..."},
-      "retained": ["DataBucket", "CheckpointBucket"]   # resources a stack delete keeps (DeletionPolicy Retain)
+                  "DataBucketName": "...", "CheckpointBucketName": "...", "StoragePolicyArn": "arn:aws:iam::...:policy/...",
+                  "FsxDataId": "fs-...", ...},   # one Fsx<Name>Id per file system the stack creates (fsx_output)
+      "retained": ["DataBucket", "CheckpointBucket", "FsxData", ...]   # kept by a stack delete (DeletionPolicy Retain)
     }
 
 No secret is ever in it: ids, names and ARNs only.
@@ -24,12 +25,16 @@ No secret is ever in it: ids, names and ARNs only.
 :func:`apply_state` is how the cluster config reads the deployed outputs instead of hand-copied ids: every project
 field of :data:`OUTPUT_FIELDS` the project file leaves out is filled from ``outputs`` (``load_project`` calls it); a
 field the file sets itself is kept, and ``clustertrain check`` reports a value that differs from the stack's
-(:func:`state_findings`). Nothing here calls AWS.
+(:func:`state_findings`). The FSx for Lustre file systems the stack creates (every ``aws.fsx`` entry without a
+``file_system_id``: ParallelCluster itself creates at most one) are mounted by the id of their output
+(:func:`fsx_output`, :func:`deployed_fsx_id`); the project entry is left as written, so the template keeps creating
+them. Nothing here calls AWS.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -52,6 +57,28 @@ OUTPUT_FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "ComputeSecurityGroupId": ("aws.network.compute_security_group_id", ("network", "compute_security_group_id")),
     "StoragePolicyArn": ("aws.storage_policy_arn", ("storage_policy_arn",)),
 }
+
+
+def fsx_logical_id(name: str) -> str:
+    """The template's logical id of the file system ``name`` (``aws.fsx[].name``): ``fsx-data`` -> ``FsxData``
+    (a leading ``fsx`` word is not repeated), ``scratch_2`` -> ``FsxScratch2``."""
+    words = [w for w in re.split(r"[-_]+", name) if w]
+    if len(words) > 1 and words[0].lower() == "fsx":
+        words = words[1:]
+    return "Fsx" + "".join(w[:1].upper() + w[1:] for w in words)
+
+
+def fsx_output(name: str) -> str:
+    """The stack output holding the id of the file system ``name``: ``fsx-data`` -> ``FsxDataId``."""
+    return fsx_logical_id(name) + "Id"
+
+
+def deployed_fsx_id(project: "Project", name: str) -> str | None:
+    """The id the deployed stack gave the file system ``name`` (from the state file, same region only), else None."""
+    state, aws = project.infra_state, project.aws
+    if state is None or aws is None or state.region != aws.region:
+        return None
+    return state.outputs.get(fsx_output(name)) or None
 
 
 @dataclass

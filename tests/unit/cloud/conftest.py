@@ -2,7 +2,8 @@
 
 ``example_raw()`` is examples/p5e-80x7.yaml as shipped (documentation-style ids, ``aws.example_ids: true``);
 ``scenario_raw()`` is the same project once deployed: the ids are replaced by ones that look like real AWS ids
-(random hex), as a user copies them from `clustertrain cluster infra`'s outputs.
+(random hex), as a user copies them from `clustertrain cluster infra`'s outputs (the file systems' ids too: the
+template of a project that names them creates none, see tests/unit/cloud/test_changeset.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ DEPLOYED_IDS = {
     "compute_security_group_id": "sg-03b7d1f9e5a2c6480",
 }
 DEPLOYED_CR = "cr-05e8a2c6f1b9d7340"
+#: the file systems the stack created (outputs FsxDataId, FsxCheckpointsId, FsxLogsId), by aws.fsx name
+DEPLOYED_FSX = {"fsx-data": "fs-0c4f2a9e7b1d35680", "fsx-checkpoints": "fs-07b3e9d1c5a2f4860",
+                "fsx-logs": "fs-0e1a6c8f3b9d27540"}
 DEPLOYED_POLICY = "arn:aws:iam::482913650271:policy/p5e-80x7-infra-StoragePolicy-1Q2W3E4R5T6Y"
 
 
@@ -49,6 +53,8 @@ def scenario_raw() -> dict:
     aws["buckets"] = {"data": "training-data-jakarta", "checkpoints": "checkpoint-jakarta"}  # tests name them; fixed here
     aws["storage_policy_arn"] = DEPLOYED_POLICY
     aws["example_ids"] = False
+    for f in aws["fsx"]:
+        f["file_system_id"] = DEPLOYED_FSX[f["name"]]
     for q in aws["queues"]:
         if q.get("capacity_reservation_id"):
             q["capacity_reservation_id"] = DEPLOYED_CR

@@ -21,9 +21,17 @@ REGION = "ap-southeast-3"
 
 
 def template(**network) -> dict:
-    raw = scenario_raw()
+    raw = stack_raw()
     raw["aws"]["network"].update(network)
     return build_infra_template(validate_project(raw, source="p5e-80x7"))
+
+
+def stack_raw() -> dict:
+    """The deployed scenario whose file systems the stack creates (no file_system_id in the file)."""
+    raw = scenario_raw()
+    for f in raw["aws"]["fsx"]:
+        f.pop("file_system_id")
+    return raw
 
 
 def by_id(changes):
@@ -49,11 +57,27 @@ def test_the_same_template_changes_nothing():
 
 
 def test_a_subnet_cidr_replaces_that_subnet_and_what_hangs_on_it_only():
-    changes = by_id(predict(template(), template(private_subnet_cidr="10.0.128.0/18"), REGION))
-    assert set(changes) == {"PrivateSubnet", "PrivateSubnetRoutes"}
-    assert changes["PrivateSubnet"].replaced and "CidrBlock" in changes["PrivateSubnet"].why
-    assert changes["PrivateSubnetRoutes"].replaced and "PrivateSubnet" in changes["PrivateSubnetRoutes"].why
+    changes = by_id(predict(template(), template(public_subnet_cidr="10.0.1.0/24"), REGION))
+    assert set(changes) == {"PublicSubnet", "PublicSubnetRoutes", "NatGateway", "PrivateDefaultRoute"}  # the NAT is in it
+    assert changes["PublicSubnet"].replaced and "CidrBlock" in changes["PublicSubnet"].why
+    assert changes["PublicSubnetRoutes"].replaced and "PublicSubnet" in changes["PublicSubnetRoutes"].why
     assert not refused(list(changes.values()))
+
+
+def test_a_new_private_subnet_replaces_the_file_systems_in_it_and_is_refused():
+    """SubnetIds of AWS::FSx::FileSystem is create-only: a new private subnet means new, empty file systems."""
+    changes = predict(template(), template(private_subnet_cidr="10.0.128.0/18"), REGION)
+    ids = by_id(changes)
+    assert set(ids) == {"PrivateSubnet", "PrivateSubnetRoutes", "FsxData", "FsxCheckpoints", "FsxLogs"}
+    assert ids["FsxData"].replaced and ids["FsxData"].why == "it follows the new PrivateSubnet"  # in create-only SubnetIds
+    assert sorted(c.logical_id for c in refused(changes)) == ["FsxCheckpoints", "FsxData", "FsxLogs"]
+
+
+def test_a_file_system_grows_in_place():
+    raw = stack_raw()
+    raw["aws"]["fsx"][0]["capacity_gb"] *= 2
+    changes = predict(template(), build_infra_template(validate_project(raw, source="p5e-80x7")), REGION)
+    assert [(c.logical_id, c.action, c.replacement) for c in changes] == [("FsxData", "Modify", "False")]
 
 
 def test_a_vpc_cidr_replaces_the_vpc_and_is_refused():
@@ -61,7 +85,7 @@ def test_a_vpc_cidr_replaces_the_vpc_and_is_refused():
     changes = predict(template(), new, REGION)
     ids = by_id(changes)
     assert ids["Vpc"].replaced and ids["HeadNodeSecurityGroup"].replaced and ids["ComputeFromHead"].replaced
-    assert [c.logical_id for c in refused(changes)] == ["Vpc"]
+    assert [c.logical_id for c in refused(changes)] == ["Vpc", "FsxData", "FsxCheckpoints", "FsxLogs"]  # their subnet
     assert "DataBucket" not in ids and "StoragePolicy" not in ids
 
 

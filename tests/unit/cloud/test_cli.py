@@ -38,7 +38,7 @@ def test_config_writes_a_valid_file(project_file, tmp_path):
 @pytest.mark.parametrize("override,text", [
     ("aws.queues.0.instance_type=p5e.48xlarg", "unknown instance type 'p5e.48xlarg'"),
     ("aws.queues.0.min_count=-3", "aws.queues[0].min_count"),
-    ("aws.fsx.0.capacity_gb=5000", "capacity_gb 5000 is not valid for PERSISTENT_2"),
+    ("aws.fsx.0.capacity_gb=5000 aws.fsx.0.file_system_id=null", "capacity_gb 5000 is not valid for PERSISTENT_2"),
     ("aws.network.public_subnet_id=null", "aws.network.public_subnet_id: the head node subnet is missing"),
     ("aws.head_node.key_name=null", "aws.head_node.key_name: no EC2 key pair"),
     ("aws.queues.0.min_count=0", None),
@@ -47,7 +47,7 @@ def test_config_writes_a_valid_file(project_file, tmp_path):
 def test_bad_input_exits_2_and_leaves_the_old_file(project_file, tmp_path, override, text):
     out = tmp_path / "cluster.yaml"
     out.write_text("previous\n")
-    args = ["config", str(project_file), "-o", str(out), "--set", override, "--no-schema"]
+    args = ["config", str(project_file), "-o", str(out), *(a for o in override.split() for a in ("--set", o)), "--no-schema"]
     if text is None:  # a Capacity Block with MinCount 0: only aws-parallelcluster's own validator knows, so run it
         args = [*args[:-1], "--set", "aws.queues.0.capacity_type=CAPACITY_BLOCK"]  # and no --no-schema
         text = "aws.queues[0].min_count: Max count must be set to the same value of min count when using Capacity Block"
@@ -71,7 +71,8 @@ def test_validate_seed_yaml_exits_2_with_each_problem():
 def test_validate_a_project_checks_its_generated_config(project_file):
     r = runner.invoke(app, ["validate", str(project_file), "--no-schema"])
     assert r.exit_code == 0, r.output
-    r = runner.invoke(app, ["validate", str(project_file), "--no-schema", "--set", "aws.fsx.1.throughput=300"])
+    r = runner.invoke(app, ["validate", str(project_file), "--no-schema", "--set", "aws.fsx.1.throughput=300",
+                               "--set", "aws.fsx.1.file_system_id=null"])  # one the stack creates
     assert r.exit_code == 2 and "throughput 300 is not valid for PERSISTENT_2" in r.output
 
 

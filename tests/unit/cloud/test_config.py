@@ -14,6 +14,8 @@ def _q(raw, **kw):
 
 
 def _fsx(raw, i=0, **kw):
+    """Edit file system ``i`` as one the stack creates (its settings count only without a file_system_id)."""
+    raw["aws"]["fsx"][i].pop("file_system_id", None)
     raw["aws"]["fsx"][i].update(kw)
 
 

@@ -40,7 +40,7 @@ from clustertrain.cloud.lifecycle import (
 from clustertrain.errors import CloudError
 from clustertrain.project import load_project
 from tests.support.golden import check_golden
-from tests.unit.cloud.conftest import EXAMPLES, scenario_raw
+from tests.unit.cloud.conftest import DEPLOYED_FSX, EXAMPLES, scenario_raw
 
 GOLDEN = Path(__file__).parent / "golden"
 REGION = "ap-southeast-3"
@@ -239,9 +239,8 @@ def test_delete_asks_then_follows_until_gone_and_says_what_stays(project_file):
     assert execute(p, run, said.append, confirm=lambda q: asked.append(q) or True, poll_s=0, sleep=lambda s: None) == {}
     assert asked == ["delete cluster p5e-80x7 in ap-southeast-3?"]
     assert [c[1] for c in run.calls] == ["describe-cluster", "delete-cluster", "describe-cluster", "describe-cluster"]
-    assert said[-1].endswith("cluster p5e-80x7 deleted; retained: FSx fsx-data, FSx fsx-checkpoints, FSx fsx-logs "
-                             "(DeletionPolicy Retain: delete them yourself when no longer needed); the CloudWatch log group "
-                             "and the S3 buckets stay")
+    fsx = ", ".join(f"FSx {i}" for i in DEPLOYED_FSX.values())  # mounted by id: never ParallelCluster's to delete
+    assert said[-1].endswith(f"cluster p5e-80x7 deleted; not touched: {fsx}; the CloudWatch log group and the S3 buckets stay")
 
 
 def test_update_with_no_changes_stops_after_the_dry_run(project_file):

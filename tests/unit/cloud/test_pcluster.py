@@ -27,7 +27,8 @@ def small_cluster_raw() -> dict:
         os="ubuntu2204",
         queues=[{"name": "dev", "instance_type": "g5.12xlarge", "max_count": 4, "capacity_type": "SPOT"},
                 {"name": "cpu", "instance_type": "c6i.4xlarge", "max_count": 2}],
-        fsx=[{"name": "scratch", "mount_dir": "/fsx", "capacity_gb": 2400, "deployment_type": "SCRATCH_2"}],
+        fsx=[{"name": "scratch", "mount_dir": "/fsx", "capacity_gb": 2400, "deployment_type": "SCRATCH_2",
+              "file_system_id": "fs-0d2b6f8a4c1e97350"}],
         ebs=[{"name": "shared", "mount_dir": "/shared", "size_gb": 200}],
         monitoring={"cloudwatch": False, "log_retention_days": 7},
     )
@@ -49,7 +50,7 @@ def test_generated_config_passes_the_schema_and_our_rules(raw_factory):
 
 
 def test_scenario_config_content(scenario):
-    from tests.unit.cloud.conftest import DEPLOYED_CR, DEPLOYED_POLICY
+    from tests.unit.cloud.conftest import DEPLOYED_CR, DEPLOYED_FSX, DEPLOYED_POLICY
 
     c = build_cluster_config(scenario)
     q = c["Scheduling"]["SlurmQueues"][0]
@@ -60,9 +61,8 @@ def test_scenario_config_content(scenario):
     assert c["Scheduling"]["SlurmSettings"]["QueueUpdateStrategy"] == "DRAIN"
     assert q["HealthChecks"] == {"Gpu": {"Enabled": True}}
     assert q["ComputeSettings"]["LocalStorage"]["EphemeralVolume"] == {"MountDir": "/scratch"}
-    fsx = [(s["MountDir"], s["FsxLustreSettings"]["StorageCapacity"], s["FsxLustreSettings"]["PerUnitStorageThroughput"],
-            s["FsxLustreSettings"]["DataCompressionType"]) for s in c["SharedStorage"]]
-    assert fsx == [("/fsx/data", 7200, 1000, "LZ4"), ("/fsx/checkpoints", 7200, 1000, "LZ4"), ("/fsx/logs", 4800, 500, "LZ4")]
+    fsx = [(s["MountDir"], s["FsxLustreSettings"]) for s in c["SharedStorage"]]  # every one mounted by id (none new)
+    assert fsx == [(f"/fsx/{n}", {"FileSystemId": DEPLOYED_FSX[f"fsx-{n}"]}) for n in ("data", "checkpoints", "logs")]
     assert c["Monitoring"]["Logs"]["CloudWatch"] == {"Enabled": True, "RetentionInDays": 14}
     assert {"Key": "Project", "Value": "DistributedTraining"} in c["Tags"]
     assert c["HeadNode"]["CustomActions"]["OnNodeConfigured"]["Script"].endswith("/head-node.sh")

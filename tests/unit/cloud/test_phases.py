@@ -24,7 +24,8 @@ def _ubuntu_spot_and_cpu(raw):
     raw["aws"].update(os="ubuntu2204", queues=[
         {"name": "dev", "instance_type": "g5.12xlarge", "max_count": 4, "capacity_type": "SPOT"},
         {"name": "cpu", "instance_type": "c6i.4xlarge", "max_count": 2}])
-    raw["aws"]["fsx"] = [{"name": "shared", "mount_dir": "/lustre", "capacity_gb": 2400, "deployment_type": "SCRATCH_2"}]
+    raw["aws"]["fsx"] = [{"name": "shared", "mount_dir": "/lustre", "capacity_gb": 2400, "deployment_type": "SCRATCH_2",
+                          "file_system_id": "fs-0d2b6f8a4c1e97350"}]
 
 
 SHAPES = {"p5e-odcr": None, "capacity-block": _capacity_block, "ubuntu-spot-cpu": _ubuntu_spot_and_cpu}

@@ -11,7 +11,7 @@ import yaml
 from clustertrain.cloud.preflight import cloud_findings, cloud_report
 from clustertrain.cloud.preflight import validate_file
 from clustertrain.project import load_project, validate_project
-from tests.unit.cloud.conftest import EXAMPLES, example_raw, scenario_raw
+from tests.unit.cloud.conftest import DEPLOYED_FSX, EXAMPLES, example_raw, scenario_raw
 
 pytest.importorskip("pcluster.schemas.cluster_schema", reason="aws-parallelcluster not installed (pip install 'clustertrain[aws]')")
 
@@ -41,7 +41,12 @@ def test_the_example_has_no_cloud_errors_only_its_documented_warnings():
 
 
 def test_documentation_ids_are_errors_without_example_ids():
-    found = cloud_findings(_project(lambda r: r["aws"].update(example_ids=False), raw_factory=example_raw))
+    def real_fsx_but_doc_ids(r):
+        r["aws"]["example_ids"] = False
+        for f in r["aws"]["fsx"]:
+            f["file_system_id"] = DEPLOYED_FSX[f["name"]]
+
+    found = cloud_findings(_project(real_fsx_but_doc_ids, raw_factory=example_raw))
     errors = {f.path for f in found if f.level == "error"}
     assert {"aws.network.public_subnet_id", "aws.queues[0].capacity_reservation_id", "aws.storage_policy_arn"} <= errors
 

@@ -122,7 +122,13 @@ CASES = [
 
 @pytest.fixture
 def good_config(scenario) -> dict:
-    return build_cluster_config(scenario)
+    """The generated config, its file systems written as new ones (how a hand-written config has ParallelCluster
+    create them; clustertrain mounts every one by id, so its rules for new ones are tested on this form)."""
+    cfg = build_cluster_config(scenario)
+    for s, f in zip(cfg["SharedStorage"], scenario.aws.fsx):
+        s["FsxLustreSettings"] = {"StorageCapacity": f.capacity_gb, "DeploymentType": f.deployment_type,
+                                  "PerUnitStorageThroughput": f.effective_throughput, "DataCompressionType": "LZ4"}
+    return cfg
 
 
 def test_generated_scenario_config_has_no_findings(good_config):

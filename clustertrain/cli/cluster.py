@@ -140,12 +140,20 @@ def infra_delete_cmd(
     project_file: Path = ProjectArg,
     set_: list[str] = SetOpt,
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+    delete_fs: bool = typer.Option(False, "--delete-file-systems",
+                                   help="Delete the stack's FSx file systems first, and their data (the stack cannot be "
+                                        "deleted while they exist)."),
     poll: float = typer.Option(5.0, "--poll", help="Seconds between status polls.", hidden=True),
 ) -> None:
-    """Delete the stack. The S3 buckets are retained (DeletionPolicy Retain): they hold the datasets and checkpoints."""
+    """Delete the stack. The S3 buckets are retained (DeletionPolicy Retain): they hold the datasets and checkpoints. The
+    FSx file systems must go first (--delete-file-systems): their network interfaces hold the subnet."""
+    import shlex
+
     from rich.console import Console
 
-    from clustertrain.cloud.stack import delete, inspect
+    from clustertrain.cloud.filesystems import FSX_TYPE, delete_all, live, refusal
+    from clustertrain.cloud.stack import delete, inspect, retained_line
+    from clustertrain.errors import CloudError
 
     project = load_project(project_file, set_)
     report = inspect(project)
@@ -155,16 +163,23 @@ def infra_delete_cmd(
             typer.echo(f"removed the stale {project.infra_state_path}")
         typer.echo(f"there is no stack {report.stack_name} in {report.region}: nothing to delete")
         return
-    kept = ", ".join(f"{physical or logical} ({rtype})" for logical, rtype, physical in report.retained) or "nothing"
+    systems = live(report.retained, report.region)
+    if systems and not delete_fs:
+        raise CloudError(refusal(report.stack_name, systems,
+                                 shlex.join(["clustertrain", "cluster", "infra", "delete", str(project_file)])))
+    going = {s.file_system_id for s in systems}
+    kept = [(logical, rtype, physical) for logical, rtype, physical in report.retained if rtype != FSX_TYPE]  # deleted or gone
+    gone = f"; the FSx file systems {', '.join(sorted(going))} and their data first" if going else ""
     typer.echo(f"stack {report.stack_name} in {report.region} ({report.stack['StackStatus']}, {report.resources} resources) "
-               f"will be deleted; retained: {kept}")
+               f"will be deleted{gone}; retained: {', '.join(f'{p or lg} ({t})' for lg, t, p in kept) or 'nothing'}")
     if not yes and not typer.confirm("Delete it?", default=False):
         raise typer.Exit(1)
+    if systems:
+        delete_all(systems, report.region, echo=typer.echo, poll_s=poll)
     delete(project, report, echo=typer.echo, console=Console(stderr=True), poll_s=poll)
     typer.echo(f"deleted stack {report.stack_name}; removed {project.infra_state_path}")
-    for logical, rtype, physical in report.retained:
-        typer.echo(f"retained {rtype} {physical or logical}: DeletionPolicy Retain keeps the datasets and checkpoints it holds; "
-                   f"delete it yourself when they are no longer needed" + (f" (aws s3 rb s3://{physical} --force)" if rtype == "AWS::S3::Bucket" and physical else ""))
+    for logical, rtype, physical in kept:
+        typer.echo(retained_line(logical, rtype, physical))
 
 
 @app.command("scripts")

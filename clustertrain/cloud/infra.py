@@ -8,7 +8,7 @@ Why the stack creates the file systems and not ParallelCluster: ParallelCluster 
 mounted by id; a file system in this stack also outlives a deleted cluster (the pattern of aws-samples'
 awsome-distributed-training, whose prerequisites stack holds the VPC and the FSx). Each is ``Fsx<Name>``
 (:func:`clustertrain.cloud.state.fsx_logical_id`), in the private subnet, Lustre 2.15 (what ParallelCluster 3.16
-creates), DeletionPolicy Retain, with output ``Fsx<Name>Id`` that the cluster config mounts. Their security group
+creates), made after the buckets and the policy, with output ``Fsx<Name>Id`` that the cluster config mounts. Their security group
 ``FsxSecurityGroup`` takes all traffic from the head node's and compute groups and from itself, as the group
 ParallelCluster makes for a file system it creates (``_add_storage_security_group`` in pcluster/templates/cluster_stack.py);
 the nodes' groups keep their default allow-all egress.
@@ -29,6 +29,14 @@ from clustertrain.errors import ConfigError
 
 if TYPE_CHECKING:
     from clustertrain.project import Project
+
+
+#: DeletionPolicy of what holds data (buckets, file systems): kept by a stack delete, deleted by the rollback of the
+#: deploy that created it (a failed first deploy leaves nothing behind); a replacement keeps the old one
+#: (UpdateReplacePolicy: Retain). https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/aws-attribute-deletionpolicy.html
+KEEP = "RetainExceptOnCreate"
+#: the DeletionPolicy values a stack delete keeps
+KEPT_POLICIES = ("Retain", "RetainExceptOnCreate")
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -67,8 +75,11 @@ def _file_systems(project: "Project", r: dict[str, Any], outputs: dict[str, Any]
         if f.compression == "LZ4":
             lustre["DataCompressionType"] = "LZ4"
         logical = fsx_logical_id(f.name)
-        r[logical] = {"Type": "AWS::FSx::FileSystem", "DeletionPolicy": "Retain", "UpdateReplacePolicy": "Retain",
-                      "DependsOn": ["FsxFromHead", "FsxFromCompute", "FsxFromFsx"], "Properties": {
+        # made last (a taken bucket name fails the deploy in seconds, before any file system is paid for); kept by a
+        # stack delete or a replacement, deleted by the rollback of the deploy that created it
+        r[logical] = {"Type": "AWS::FSx::FileSystem", "DeletionPolicy": KEEP, "UpdateReplacePolicy": "Retain",
+                      "DependsOn": ["FsxFromHead", "FsxFromCompute", "FsxFromFsx", "DataBucket", "CheckpointBucket",
+                                    "StoragePolicy"], "Properties": {
                           "FileSystemType": "LUSTRE", "FileSystemTypeVersion": "2.15", "StorageType": "SSD",
                           "StorageCapacity": f.capacity_gb, "SubnetIds": [_ref("PrivateSubnet")],
                           "SecurityGroupIds": [_att("FsxSecurityGroup", "GroupId")], "LustreConfiguration": lustre,
@@ -172,7 +183,8 @@ def build_infra_template(project: "Project") -> dict[str, Any]:
         props["LifecycleConfiguration"] = {"Rules": [{"Id": "expire-old-versions", "Status": "Enabled",
                                                       "NoncurrentVersionExpiration": {"NoncurrentDays": 30},
                                                       "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": 7}}]}
-        r[logical] = {"Type": "AWS::S3::Bucket", "DeletionPolicy": "Retain", "UpdateReplacePolicy": "Retain", "Properties": props}
+        r[logical] = {"Type": "AWS::S3::Bucket", "DeletionPolicy": KEEP, "UpdateReplacePolicy": "Retain",
+                      "Properties": props}
         r[f"{logical}Policy"] = {"Type": "AWS::S3::BucketPolicy", "Properties": {
             "Bucket": _ref(logical),
             "PolicyDocument": {"Version": "2012-10-17", "Statement": [{

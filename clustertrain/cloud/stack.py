@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import yaml
 
 from clustertrain.cloud.changeset import Change, from_aws, merge, predict, refused
-from clustertrain.cloud.infra import build_infra_template, render_infra_template
+from clustertrain.cloud.infra import KEPT_POLICIES, build_infra_template, render_infra_template
 from clustertrain.cloud.pcluster import cluster_name
 from clustertrain.cloud.project_rules import require_aws
 from clustertrain.cloud.state import InfraState, state_path, write_state
@@ -305,13 +305,21 @@ def _record(project: "Project", cf: Any, name: str, body: str, template: dict[st
                        outputs=outputs, project=project.name,
                        updated=_dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
                        template_sha256=hashlib.sha256(body.encode()).hexdigest(),
-                       retained=[k for k, r in template["Resources"].items() if r.get("DeletionPolicy") == "Retain"])
+                       retained=[k for k, r in template["Resources"].items() if r.get("DeletionPolicy") in KEPT_POLICIES])
     if project.file is not None:
         write_state(state_path(project.file), state)
     return state
 
 
 # ---------------------------------------------------------------------------------------------------- status, delete
+
+def retained_line(logical: str, rtype: str, physical: str) -> str:
+    """What a stack delete left behind (DeletionPolicy Retain), and how to delete a bucket once its data is no longer
+    needed (the stack's FSx file systems are deleted before it, clustertrain.cloud.filesystems)."""
+    cmd = f" (aws s3 rb s3://{physical} --force)" if physical and rtype == "AWS::S3::Bucket" else ""
+    return (f"retained {rtype} {physical or logical}: DeletionPolicy Retain keeps the datasets and checkpoints it holds; "
+            f"delete it yourself when they are no longer needed{cmd}")
+
 
 @dataclass
 class StackReport:
@@ -347,7 +355,7 @@ def inspect(project: "Project", cf: Any = None) -> StackReport:
             physical.update({r["LogicalResourceId"]: r.get("PhysicalResourceId", "") for r in page["StackResourceSummaries"]})
     report.resources = len(physical)
     report.retained = [(k, r.get("Type", ""), physical.get(k, "")) for k, r in (old.get("Resources") or {}).items()
-                       if r.get("DeletionPolicy") == "Retain"]
+                       if r.get("DeletionPolicy") in KEPT_POLICIES]
     return report
 
 

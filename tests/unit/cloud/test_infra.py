@@ -76,7 +76,7 @@ def test_buckets_are_private_encrypted_tls_only_and_checkpoints_versioned(templa
         assert policy == [{"Sid": "DenyInsecureTransport", "Effect": "Deny", "Principal": "*", "Action": "s3:*",
                            "Resource": [{"Fn::GetAtt": [name, "Arn"]}, {"Fn::Sub": f"${{{name}.Arn}}/*"}],
                            "Condition": {"Bool": {"aws:SecureTransport": "false"}}}]
-        assert b["DeletionPolicy"] == "Retain"
+        assert (b["DeletionPolicy"], b["UpdateReplacePolicy"]) == ("RetainExceptOnCreate", "Retain")  # kept unless its own create fails
 
 
 def test_storage_policy_grants_our_prefixes_only(template):

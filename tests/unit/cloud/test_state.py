@@ -98,7 +98,8 @@ def test_file_systems_the_stack_creates_are_mounted_by_the_ids_it_recorded(tmp_p
     assert [f.file_system_id for f in project.aws.fsx] == [None, None, None]  # the file's entries are left as written,
     resources = build_infra_template(project)["Resources"]  # so the stack keeps them
     assert [k for k, r in resources.items() if r["Type"] == "AWS::FSx::FileSystem"] == ["FsxData", "FsxCheckpoints", "FsxLogs"]
-    assert resources["FsxLogs"]["Properties"]["StorageCapacity"] == 4800 and resources["FsxLogs"]["DeletionPolicy"] == "Retain"
+    assert resources["FsxLogs"]["Properties"]["StorageCapacity"] == 4800 and resources["FsxLogs"]["DeletionPolicy"] == "RetainExceptOnCreate"
+    assert {"DataBucket", "CheckpointBucket", "StoragePolicy"} <= set(resources["FsxLogs"]["DependsOn"])  # made last
     write_state(state_path(path), state(region="us-east-1"))  # another region's stack fills nothing
     assert "aws.fsx[0].file_system_id" in {f.path for _, f in run_check(load_project(path), only=["cluster"]).errors}
 

@@ -6,7 +6,9 @@ after. It is moto's own server (every AWS service over real HTTP: CloudFormation
 CloudFormation gets wrong for our template (see that module's docstring): Outputs after ExecuteChangeSet, DeleteStack
 of every non-Retain resource in reverse dependency order, per-resource stack events, rollback instead of API errors,
 CloudFormation's refusals of CreateChangeSet, bucket policies / security group egress / route table associations,
-bucket properties, and replacement or in-place update where CloudFormation does them.
+bucket properties, replacement or in-place update where CloudFormation does them, and FSx for Lustre file systems as
+AWS answers them, also for ``AWS::FSx::FileSystem`` (tests/support/moto_fsx.py); ``RetainExceptOnCreate`` as AWS
+applies it.
 
 Clients need credentials and a region like any boto3 client: ``tests.support.s3server.dummy_env()``.
 """

@@ -1,7 +1,7 @@
 """Fixes to how moto's CloudFormation applies and updates the properties of resource types of our template
-(moto 5.2.5; file:line are of that release): S3 buckets, EC2 security groups, IAM managed policies. Applied by
-:func:`tests.support.moto_cfn_server.apply_fixes` in the server process only; :data:`UPDATES` is read by its update
-hook (``fix_resource_events``).
+(moto 5.2.5; file:line are of that release): S3 buckets, EC2 security groups, IAM managed policies; FSx file systems
+(:mod:`tests.support.moto_fsx`). Applied by :func:`tests.support.moto_cfn_server.apply_fixes` in the server process
+only; :data:`UPDATES` is read by its update hook (``fix_resource_events``) through :func:`create_only_changed`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from moto.ec2.models import ec2_backends
 from moto.iam.models import iam_backends
 from moto.s3.models import s3_backends
 from moto.utilities.utils import get_partition
+
+from tests.support.moto_fsx import FSX_CREATE_ONLY, update_file_system
 
 
 def _lifecycle_rule(rule: dict[str, Any]) -> dict[str, Any]:
@@ -116,7 +118,7 @@ def fix_security_group_update() -> None:
     def update(cls: type, original_resource: Any, new_resource_name: str, cloudformation_json: Any,
                account_id: str, region_name: str) -> Any:
         old, new = getattr(original_resource, "_ct_props", None), cloudformation_json["Properties"]
-        if old is None or any(old.get(k) != new.get(k) for k in UPDATES["AWS::EC2::SecurityGroup"][0]):
+        if old is None or create_only_changed("AWS::EC2::SecurityGroup", old, new):
             return original_update(cls, original_resource, new_resource_name, cloudformation_json, account_id, region_name)
         ec2, group = ec2_backends[account_id][region_name], original_resource
         if getattr(group, "_ct_inline", None):
@@ -141,11 +143,24 @@ def _new_policy_version(policy: Any, props: dict[str, Any], account_id: str, reg
             iam.delete_policy_version(policy.arn, version.version_id)
 
 
-#: CloudFormation type -> (its create-only properties: a change replaces the resource; how the other properties are
-#: updated in place, None: by moto's model). From the "Update requires" of each property in the CloudFormation
-#: template reference (e.g. .../TemplateReference/aws-resource-iam-managedpolicy.html). Types not listed: moto's
-#: model updates them, or, if it has no update, any change but Tags replaces them (moto_cfn_resources.fix_replacement).
+#: CloudFormation type -> (its create-only properties: a change replaces the resource; ``A.B`` is key B of property
+#: A; how the other properties are updated in place, None: by moto's model). From the "Update requires" of each
+#: property in the CloudFormation template reference (e.g. .../TemplateReference/aws-resource-iam-managedpolicy.html).
+#: Types not listed: moto's model updates them, or, if it has no update, any change but Tags replaces them
+#: (moto_cfn_resources.fix_replacement).
 UPDATES: dict[str, tuple[tuple[str, ...], Callable[[Any, dict[str, Any], str, str], None] | None]] = {
     "AWS::EC2::SecurityGroup": (("GroupDescription", "GroupName", "VpcId"), None),
     "AWS::IAM::ManagedPolicy": (("ManagedPolicyName", "Path", "Description"), _new_policy_version),
+    "AWS::FSx::FileSystem": (FSX_CREATE_ONLY, update_file_system),
 }
+
+
+def _at(props: Any, path: str) -> Any:
+    for key in path.split("."):
+        props = props.get(key) if isinstance(props, dict) else None
+    return props
+
+
+def create_only_changed(resource_type: str, old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Whether a create-only property of ``resource_type`` (:data:`UPDATES`) differs between two property sets."""
+    return any(_at(old, path) != _at(new, path) for path in UPDATES.get(resource_type, ((), None))[0])

@@ -15,8 +15,10 @@ corrects and what CloudFormation does; a moto release that renames that code mak
 5. :func:`fix_stack_states` -- CreateChangeSet refuses what CloudFormation refuses.
 6. :mod:`tests.support.moto_cfn_resources` -- resource types moto skips (S3 BucketPolicy, SecurityGroupEgress) or
    fakes (SubnetRouteTableAssociation), deletes it lacks, and replacement of resources moto cannot update.
-7. :mod:`tests.support.moto_cfn_properties` -- bucket properties moto ignores; security groups and IAM policies
-   updated in place, or replaced when a create-only property changes.
+7. :mod:`tests.support.moto_cfn_properties` -- bucket properties moto ignores; security groups, IAM policies and
+   FSx file systems updated in place, or replaced when a create-only property changes.
+8. :mod:`tests.support.moto_fsx` -- FSx for Lustre as AWS has it (17-hex ids, VpcId, network interfaces in its
+   subnet with its security groups, which EC2 then cannot delete) and ``AWS::FSx::FileSystem``, which moto lacks.
 """
 
 from __future__ import annotations
@@ -27,11 +29,12 @@ from moto.cloudformation import models as M
 from moto.cloudformation import parsing as P
 from moto.cloudformation.exceptions import CloudFormationError, ValidationError
 
-from tests.support.moto_cfn_properties import UPDATES, fix_bucket_properties, fix_security_group_update
+from tests.support.moto_cfn_properties import UPDATES, create_only_changed, fix_bucket_properties, fix_security_group_update
 from tests.support.moto_cfn_resources import (
     DELETERS, creation_order, event, failed, failed_before, fix_missing_resources, fix_replacement, physical_id, reason, stack_of,
     update_unupdatable,
 )
+from tests.support.moto_fsx import fix_fsx
 
 
 class ChangeSetNotFound(CloudFormationError):
@@ -110,8 +113,8 @@ def fix_resource_events() -> None:
         old_props = getattr(old, "_ct_props", None)
         if old is not None and old_props == new_props:
             return old  # a dependent re-evaluated by fix_replacement, unchanged
-        create_only, in_place = UPDATES.get(rtype, ((), None))
-        if (old_props is not None and any(old_props.get(k) != new_props.get(k) for k in create_only)) or (
+        in_place = UPDATES.get(rtype, ((), None))[1]
+        if (old_props is not None and create_only_changed(rtype, old_props, new_props)) or (
                 in_place is None and hasattr(parsed[0].update_from_cloudformation_json, "__isabstractmethod__")):
             return update_unupdatable(logical_id, parsed, resources_map, account_id, region_name)
         event(stack, logical_id, rtype, "UPDATE_IN_PROGRESS", physical_id(old))
@@ -143,19 +146,25 @@ def fix_delete() -> None:
     ``moto_cfn_resources.DELETERS``), so ``delete_vpc`` (ec2/models/vpcs.py:837) refuses (more than one route
     table: DependencyViolation) and DeleteStack answers with that error; resources removed from the template by an
     update are deleted even when ``Retain``.
-    CloudFormation: deletes in reverse dependency order, keeps ``Retain`` resources (event DELETE_SKIPPED; also when
-    an update removes them), ends DELETE_COMPLETE; a resource that cannot be deleted ends the stack DELETE_FAILED,
+    CloudFormation: deletes in reverse dependency order, keeps ``Retain`` and ``RetainExceptOnCreate`` resources
+    (event DELETE_SKIPPED; also when an update removes them; a ``RetainExceptOnCreate`` one is deleted by the rollback
+    of the create that made it), ends DELETE_COMPLETE; a resource that cannot be deleted ends the stack DELETE_FAILED,
     and DeleteStack itself succeeds (also for a stack that does not exist)
     (https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/aws-attribute-deletionpolicy.html,
     https://docs.aws.amazon.com/AWSCloudFormation/latest/APIReference/API_DeleteStack.html).
     """
     original_delete_resource = P.ResourceMap._delete_resource
 
+    def kept(self: P.ResourceMap, resource_json: dict[str, Any]) -> bool:
+        """``Retain`` always; ``RetainExceptOnCreate`` except in the rollback of the create that made it."""
+        policy = resource_json.get("DeletionPolicy")
+        return policy == "Retain" or (policy == "RetainExceptOnCreate" and not getattr(self, "_ct_create_rollback", False))
+
     def _delete_resource(self: P.ResourceMap, resource: Any, resource_json: dict[str, Any]) -> None:
         stack, rtype, physical = stack_of(self), resource_json["Type"], physical_id(resource)
         logical_id = getattr(resource, "logical_resource_id", "")
         failed_before(stack, logical_id)
-        if resource_json.get("DeletionPolicy") == "Retain":
+        if kept(self, resource_json):
             event(stack, logical_id, rtype, "DELETE_SKIPPED", physical)
             return
         event(stack, logical_id, rtype, "DELETE_IN_PROGRESS", physical)
@@ -178,7 +187,7 @@ def fix_delete() -> None:
                 continue
             body = self._resource_json_map[logical_id]
             self._delete_resource(resource, body)
-            if body.get("DeletionPolicy") != "Retain":
+            if not kept(self, body):
                 self._parsed_resources.pop(logical_id)
 
     def stack_delete(self: M.Stack) -> None:  # models.py:606, with the stack status on the way and no outputs after
@@ -220,8 +229,9 @@ def fix_rollback() -> None:
     CREATE_IN_PROGRESS or REVIEW_IN_PROGRESS ("TODO: handle execution errors and implement rollback", models.py:1159).
     CloudFormation: the resource gets CREATE_FAILED (reason: the service's error), the stack ROLLBACK_IN_PROGRESS
     ("The following resource(s) failed to create: [X]. Rollback requested by user."), what was created is deleted
-    (``Retain`` resources are kept: DELETE_SKIPPED), and the stack ends ROLLBACK_COMPLETE, without Outputs; it can
-    then only be deleted. A failed update goes back to the previous template: UPDATE_ROLLBACK_COMPLETE
+    (``Retain`` resources are kept: DELETE_SKIPPED; ``RetainExceptOnCreate`` ones are deleted), and the stack ends ROLLBACK_COMPLETE (ROLLBACK_FAILED if a
+    delete fails), without Outputs; it can then only be deleted. A failed update goes back to the previous template:
+    UPDATE_ROLLBACK_COMPLETE
     (https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/stack-failure-options.html).
     """
     original_create = M.Stack.create_resources
@@ -236,9 +246,11 @@ def fix_rollback() -> None:
             self._add_stack_event("ROLLBACK_IN_PROGRESS", "The following resource(s) failed to create: "
                                   f"[{', '.join(self._ct_failed)}]. Rollback requested by user.")
             self._ct_failed = {}
+            self.resource_map._ct_create_rollback = True  # RetainExceptOnCreate resources go too
             try:
                 self.resource_map.delete()
-            except Exception as exc:
+            except Exception as exc:  # e.g. a kept (Retain) file system's interfaces hold its subnet: DependencyViolation
+                _close_outputs(self)
                 self.status = "ROLLBACK_FAILED"
                 self._add_stack_event("ROLLBACK_FAILED", reason(exc))
                 return
@@ -376,6 +388,7 @@ def apply_fixes() -> None:
     fix_bucket_properties()
     fix_security_group_update()
     fix_replacement()
+    fix_fsx()
 
 
 if __name__ == "__main__":

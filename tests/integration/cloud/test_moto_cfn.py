@@ -4,84 +4,23 @@ flagship template: examples/p5e-80x7.yaml -> ``build_infra_template`` -> ``rende
 describe_stacks / describe_stack_events -> Outputs) and removed with delete_stack.
 
 ``flagship`` is deployed once and only read. Tests that change a stack deploy their own, with their own bucket names
-(project overrides): the buckets are ``DeletionPolicy: Retain`` and outlive their stack, as on AWS.
+(project overrides): the buckets are kept by a stack delete (``RetainExceptOnCreate``) and outlive their stack, as on AWS.
+
+The FSx for Lustre file systems the flagship creates are tested in test_moto_fsx.py; the stack-level tests here that
+are not about them use projects whose file systems all exist already (``project_for(..., fsx=False)``: the template
+creates none), because a kept file system holds its subnet and security group, as on AWS. Helpers and the ``aws`` /
+``flagship`` fixtures: tests/support/cfn_stacks.py.
 """
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
-
-import boto3
 import botocore.exceptions
 import pytest
 
-from clustertrain.cloud.infra import build_infra_template, render_infra_template, storage_policy_document
-from clustertrain.project import Project, load_project
-
-EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "p5e-80x7.yaml"
-
-
-def project_for(suffix: str = "", *overrides: str) -> Project:
-    """The example project; with ``suffix``, its two buckets are renamed ``NAME-SUFFIX``."""
-    plain = load_project(EXAMPLE)
-    if suffix:
-        buckets = plain.aws.buckets
-        overrides = (f"aws.buckets.data={buckets.data}-{suffix}", f"aws.buckets.checkpoints={buckets.checkpoints}-{suffix}",
-                     *overrides)
-    return load_project(EXAMPLE, list(overrides)) if overrides else plain
-
-
-def body_of(project: Project) -> str:
-    return render_infra_template(build_infra_template(project), project.name)
-
-
-def wait(cf, stack: str) -> dict:
-    """Poll DescribeStacks until the stack is no longer *_IN_PROGRESS (moto finishes within the call; AWS does not)."""
-    deadline = time.monotonic() + 30
-    while True:
-        found = cf.describe_stacks(StackName=stack)["Stacks"][0]
-        if not found["StackStatus"].endswith("_IN_PROGRESS") or time.monotonic() > deadline:
-            return found
-
-
-def change(cf, stack: str, project: Project, kind: str = "CREATE", name: str = "deploy-1") -> tuple[dict, dict]:
-    """One change set, described then executed: (the change set before execution, the stack after)."""
-    made = cf.create_change_set(StackName=stack, ChangeSetName=name, ChangeSetType=kind, TemplateBody=body_of(project),
-                                Capabilities=["CAPABILITY_IAM"])
-    described = cf.describe_change_set(ChangeSetName=name, StackName=stack)
-    cf.execute_change_set(ChangeSetName=name, StackName=stack)
-    return described, wait(cf, made["StackId"])
-
-
-def outputs(stack: dict) -> dict[str, str]:
-    return {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
-
-
-def events(cf, stack: str) -> list[dict]:
-    """The stack's events, oldest first (the API lists newest first)."""
-    return cf.describe_stack_events(StackName=stack)["StackEvents"][::-1]
-
-
-def error_code(call) -> str:
-    with pytest.raises(botocore.exceptions.ClientError) as caught:
-        call()
-    return caught.value.response["Error"]["Code"]
-
-
-@pytest.fixture(scope="module")
-def aws(cfn_endpoint):
-    region = load_project(EXAMPLE).aws.region
-    return {name: boto3.client(name, endpoint_url=cfn_endpoint, region_name=region)
-            for name in ("cloudformation", "ec2", "s3", "iam")}
-
-
-@pytest.fixture(scope="module")
-def flagship(aws):
-    """(project, change set as described before execution, stack after execution) of the example as shipped."""
-    project = project_for()
-    described, stack = change(aws["cloudformation"], "p5e-80x7-infra", project)
-    return project, described, stack
+from clustertrain.cloud.infra import build_infra_template, storage_policy_document
+from clustertrain.cloud.state import fsx_output
+from tests.support.cfn_stacks import (  # noqa: F401 - aws, flagship: fixtures
+    aws, body_of, change, created_fsx, error_code, events, flagship, outputs, project_for, wait)
 
 
 def test_a_create_change_set_deploys_the_template_with_all_its_outputs(aws, flagship):
@@ -91,7 +30,7 @@ def test_a_create_change_set_deploys_the_template_with_all_its_outputs(aws, flag
     assert {c["ResourceChange"]["LogicalResourceId"] for c in described["Changes"]} == set(template["Resources"])
     assert stack["StackStatus"] == "CREATE_COMPLETE"
     out = outputs(stack)
-    assert set(out) == set(template["Outputs"]) and len(out) == 8
+    assert created_fsx(project) and set(out) == set(template["Outputs"]) and len(out) == 8 + len(created_fsx(project))
     cf, ec2, s3, iam = (aws[k] for k in ("cloudformation", "ec2", "s3", "iam"))
     assert cf.describe_change_set(ChangeSetName="deploy-1", StackName="p5e-80x7-infra")["ExecutionStatus"] == "EXECUTE_COMPLETE"
 
@@ -163,7 +102,7 @@ def test_every_resource_reports_its_own_events_in_dependency_order(aws, flagship
 
 def test_delete_removes_everything_but_the_retained_buckets(aws):
     cf, ec2, s3, iam = (aws[k] for k in ("cloudformation", "ec2", "s3", "iam"))
-    project = project_for("gone")
+    project = project_for("gone", fsx=False)
     _, stack = change(cf, "gone", project)
     resources = cf.describe_stack_resources(StackName="gone")["StackResources"]
     physical = {r["LogicalResourceId"]: r.get("PhysicalResourceId") for r in resources}
@@ -195,8 +134,8 @@ def test_delete_removes_everything_but_the_retained_buckets(aws):
 
 def test_a_new_private_subnet_cidr_replaces_the_subnet(aws):
     cf, ec2 = aws["cloudformation"], aws["ec2"]
-    _, before = change(cf, "cidr", project_for("cidr"))
-    described, after = change(cf, "cidr", project_for("cidr", "aws.network.private_subnet_cidr=10.0.128.0/18"),
+    _, before = change(cf, "cidr", project_for("cidr", fsx=False))
+    described, after = change(cf, "cidr", project_for("cidr", "aws.network.private_subnet_cidr=10.0.128.0/18", fsx=False),
                               "UPDATE", "deploy-2")
     assert ("Modify", "PrivateSubnet") in {(c["ResourceChange"]["Action"], c["ResourceChange"]["LogicalResourceId"])
                                            for c in described["Changes"]}
@@ -242,11 +181,14 @@ def test_a_tags_only_change_keeps_every_resource(aws):
     assert [{t["Key"]: t["Value"] for t in r["Tags"]}["Environment"] for r in tagged] == ["Staging"] * 3
     bucket_tags = {t["Key"]: t["Value"] for t in s3.get_bucket_tagging(Bucket=out["DataBucketName"])["TagSet"]}
     assert bucket_tags["Environment"] == "Staging"
+    fs_ids = [out[fsx_output(f.name)] for f in created_fsx(project_for("tags"))]  # kept, retagged in place
+    file_systems = aws["fsx"].describe_file_systems(FileSystemIds=fs_ids)["FileSystems"]
+    assert fs_ids and [{t["Key"]: t["Value"] for t in f["Tags"]}["Environment"] for f in file_systems] == ["Staging"] * len(fs_ids)
 
 
 def test_a_failed_create_rolls_back_and_the_stack_can_only_be_deleted(aws):
     cf, ec2, s3 = aws["cloudformation"], aws["ec2"], aws["s3"]
-    project = project_for("taken")
+    project = project_for("taken", fsx=False)
     s3.create_bucket(Bucket=project.aws.buckets.data,
                      CreateBucketConfiguration={"LocationConstraint": project.aws.region})  # someone has the name
     _, stack = change(cf, "taken", project)  # ExecuteChangeSet itself succeeds
@@ -272,11 +214,11 @@ def test_a_failed_create_rolls_back_and_the_stack_can_only_be_deleted(aws):
 def test_a_failed_update_rolls_back_to_the_previous_template(aws):
     """The update replaces the private subnet (new CIDR), then fails on the data bucket (its new name is taken)."""
     cf, ec2, s3 = aws["cloudformation"], aws["ec2"], aws["s3"]
-    _, before = change(cf, "renamed", project_for("renamed"))
+    _, before = change(cf, "renamed", project_for("renamed", fsx=False))
     taken = project_for("renamed-taken")
     s3.create_bucket(Bucket=taken.aws.buckets.data, CreateBucketConfiguration={"LocationConstraint": taken.aws.region})
     _, after = change(cf, "renamed", project_for("renamed", f"aws.buckets.data={taken.aws.buckets.data}",
-                                                 "aws.network.private_subnet_cidr=10.0.128.0/18"), "UPDATE", "deploy-2")
+                                                 "aws.network.private_subnet_cidr=10.0.128.0/18", fsx=False), "UPDATE", "deploy-2")
     assert after["StackStatus"] == "UPDATE_ROLLBACK_COMPLETE"
     assert outputs(after) == outputs(before)
     cidrs = [s["CidrBlock"] for s in ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [outputs(after)["VpcId"]]}])["Subnets"]]
@@ -286,7 +228,7 @@ def test_a_failed_update_rolls_back_to_the_previous_template(aws):
     assert [e["ResourceStatusReason"] for e in seen if e["ResourceStatus"] == "UPDATE_ROLLBACK_IN_PROGRESS"] == [
         "The following resource(s) failed to update: [DataBucket]. "]
     assert cf.describe_change_set(ChangeSetName="deploy-2", StackName="renamed")["ExecutionStatus"] == "EXECUTE_FAILED"
-    assert cf.get_template(StackName="renamed")["TemplateBody"] == body_of(project_for("renamed"))
+    assert cf.get_template(StackName="renamed")["TemplateBody"] == body_of(project_for("renamed", fsx=False))
     iam, arn = aws["iam"], outputs(after)["StoragePolicyArn"]
     version = iam.get_policy_version(PolicyArn=arn, VersionId=iam.get_policy(PolicyArn=arn)["Policy"]["DefaultVersionId"])
-    assert version["PolicyVersion"]["Document"] == storage_policy_document(project_for("renamed"), partition="aws")
+    assert version["PolicyVersion"]["Document"] == storage_policy_document(project_for("renamed", fsx=False), partition="aws")

@@ -1,5 +1,6 @@
 """`clustertrain cluster infra deploy | status | delete` against moto's CloudFormation server over HTTP (boto3 reads
-``AWS_ENDPOINT_URL``), with the flagship's infrastructure: 25 resources, created, updated and deleted through change
+``AWS_ENDPOINT_URL``), with the flagship's infrastructure: 32 resources (three FSx for Lustre file systems among them),
+created, updated and deleted through change
 sets. The server is moto's own with the fixes of tests/support/moto_cfn.py (outputs after a change set, the delete of
 route tables and friends) — what real CloudFormation does there.
 
@@ -81,7 +82,7 @@ def deploy(path, *extra):
 def test_deploy_records_outputs_that_fill_the_cluster_config(aws_env, tmp_path):
     path = flagship(tmp_path, "flag-a")
     code, out = deploy(path, "--dry-run")
-    assert code == 0 and "25 change(s)" in out and "nothing deployed" in out
+    assert code == 0 and "32 change(s)" in out and "nothing deployed" in out
     cf = boto3.client("cloudformation", region_name=REGION)
     assert not [s for s in cf.list_stacks()["StackSummaries"] if s["StackName"] == "flag-a-infra" and s["StackStatus"] != "DELETE_COMPLETE"]
 
@@ -93,7 +94,12 @@ def test_deploy_records_outputs_that_fill_the_cluster_config(aws_env, tmp_path):
     subnets = {s["SubnetId"]: s["CidrBlock"] for s in ec2.describe_subnets()["Subnets"]}
     assert subnets[state["outputs"]["PrivateSubnetId"]] == "10.0.64.0/18" and subnets[state["outputs"]["PublicSubnetId"]] == "10.0.0.0/24"
     assert re.fullmatch(r"sg-[0-9a-f]+", state["outputs"]["ComputeSecurityGroupId"])
-    assert state["outputs"]["StoragePolicyArn"].startswith(f"arn:aws:iam::{ACCOUNT}:policy/") and sorted(state["retained"]) == ["CheckpointBucket", "DataBucket"]
+    assert state["outputs"]["StoragePolicyArn"].startswith(f"arn:aws:iam::{ACCOUNT}:policy/")
+    assert sorted(state["retained"]) == ["CheckpointBucket", "DataBucket", "FsxCheckpoints", "FsxData", "FsxLogs"]
+    fsx = {f["FileSystemId"]: f for f in boto3.client("fsx", region_name=REGION).describe_file_systems()["FileSystems"]}
+    data = fsx[state["outputs"]["FsxDataId"]]
+    assert (data["StorageCapacity"], data["LustreConfiguration"]["DeploymentType"], data["SubnetIds"]) == (
+        7200, "PERSISTENT_2", [state["outputs"]["PrivateSubnetId"]])
 
     project = load_project(path)
     assert [f for _, f in run_check(project, only=["cluster"]).errors] == []
@@ -105,6 +111,9 @@ def test_deploy_records_outputs_that_fill_the_cluster_config(aws_env, tmp_path):
     assert queue["SubnetIds"] == [state["outputs"]["PrivateSubnetId"]]
     assert queue["AdditionalSecurityGroups"] == [state["outputs"]["ComputeSecurityGroupId"]]
     assert state["outputs"]["StoragePolicyArn"] in json.dumps(config["HeadNode"])
+    assert {s["Name"]: s["FsxLustreSettings"] for s in config["SharedStorage"]} == {  # all three mounted by id, none new
+        n: {"FileSystemId": state["outputs"][o]} for n, o in
+        (("fsx-data", "FsxDataId"), ("fsx-checkpoints", "FsxCheckpointsId"), ("fsx-logs", "FsxLogsId"))}
     assert "0123456789abcdef0" not in (tmp_path / "cluster.yaml").read_text()  # no documentation id is left
 
     code, out = deploy(path)  # again: nothing to change
@@ -114,22 +123,25 @@ def test_deploy_records_outputs_that_fill_the_cluster_config(aws_env, tmp_path):
 
 
 def test_an_update_shows_and_applies_only_the_affected_resources(aws_env, tmp_path):
+    """A new SSH CIDR: only the head node's security group changes, in place. (A subnet CIDR replaces more: the private
+    subnet holds the file systems, refused below; the public one holds the NAT gateway, whose replacement keeps the
+    same Elastic IP and fails with Resource.AlreadyAssociated, on moto as on AWS.)"""
     path = flagship(tmp_path, "flag-b")
     assert deploy(path)[0] == 0
     before = json.loads((tmp_path / "flag-b.infra.json").read_text())["outputs"]
-    moved = flagship(tmp_path, "flag-b", private_subnet_cidr="10.0.128.0/18")
+    moved = flagship(tmp_path, "flag-b", ssh_cidr="198.51.100.0/24")
     code, out = cli("infra", "status", moved)
-    assert "a deploy would make 2 change(s)" in out and "replace  PrivateSubnet " in out
+    assert "a deploy would make 1 change(s)" in out and "modify   HeadNodeSecurityGroup " in out, out
     code, out = deploy(moved)
     assert code == 0, out
     listed = re.findall(r"^  (add|modify|replace|remove)\s+(\w+)", out, re.M)
-    assert listed and {name for _, name in listed} <= {"PrivateSubnet", "PrivateSubnetRoutes"}
+    # the group, and what refers to it (a change set lists those as possibly modified, evaluated when it runs)
+    assert listed[0] == ("modify", "HeadNodeSecurityGroup") and {a for a, _ in listed} == {"modify"}, out
     after = json.loads((tmp_path / "flag-b.infra.json").read_text())
-    assert after["status"] == "UPDATE_COMPLETE"
+    assert after["status"] == "UPDATE_COMPLETE" and after["outputs"] == before  # same group, same ids
     ec2 = boto3.client("ec2", region_name=REGION)
-    subnets = {s["SubnetId"]: s["CidrBlock"] for s in ec2.describe_subnets()["Subnets"]}
-    assert subnets[after["outputs"]["PrivateSubnetId"]] == "10.0.128.0/18"
-    assert after["outputs"]["PublicSubnetId"] == before["PublicSubnetId"] and after["outputs"]["VpcId"] == before["VpcId"]
+    [group] = ec2.describe_security_groups(GroupIds=[before["HeadNodeSecurityGroupId"]])["SecurityGroups"]
+    assert [r["CidrIp"] for p in group["IpPermissions"] for r in p.get("IpRanges", [])] == ["198.51.100.0/24"]
 
 
 def test_replacing_the_vpc_or_a_bucket_is_refused_and_nothing_is_deployed(aws_env, tmp_path):
@@ -141,6 +153,8 @@ def test_replacing_the_vpc_or_a_bucket_is_refused_and_nothing_is_deployed(aws_en
     moved = flagship(tmp_path, "flag-c", vpc_cidr="10.1.0.0/16", public_subnet_cidr="10.1.0.0/24", private_subnet_cidr="10.1.64.0/18")
     code, out = deploy(moved)
     assert code == 2 and "deploy refused" in out and "Vpc (CidrBlock changed)" in out and "--allow-replace" in out
+    code, out = deploy(flagship(tmp_path, "flag-c", private_subnet_cidr="10.0.128.0/18"))
+    assert code == 2 and "deploy refused" in out and "FsxData (it follows the new PrivateSubnet)" in out, out
     raw = yaml.safe_load(path.read_text())
     raw["aws"]["buckets"]["data"] = "flag-c-data2-482913650271"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
@@ -187,14 +201,28 @@ def test_bad_input_is_one_line_and_deploys_nothing(aws_env, tmp_path):
 
 
 def test_delete_keeps_the_buckets_and_removes_the_rest(aws_env, tmp_path):
+    """The file systems must go first (their interfaces hold the private subnet: the server refuses that subnet's
+    delete with DependencyViolation, as EC2 does): a delete refuses while they exist, --delete-file-systems deletes them."""
     path = flagship(tmp_path, "flag-g")
     assert deploy(path)[0] == 0
     outputs = json.loads((tmp_path / "flag-g.infra.json").read_text())["outputs"]
-    code, out = cli("infra", "delete", path, "--poll", "0.05", input="n\n")
-    assert code == 1 and "retained: flag-g-data-482913650271 (AWS::S3::Bucket)" in out
+    fsx = boto3.client("fsx", region_name=REGION)
     code, out = cli("infra", "delete", path, "--yes", "--poll", "0.05")
+    assert code == 2 and out.count("\n") == 1 and "still has its FSx file systems FsxData " in out, out
+    assert f"`clustertrain cluster infra delete {path} --delete-file-systems`" in out and "nothing was deleted" in out
+    assert len(fsx.describe_file_systems()["FileSystems"]) >= 3 and (tmp_path / "flag-g.infra.json").exists()
+    code, out = cli("infra", "delete", path, "--delete-file-systems", "--poll", "0.05", input="n\n")
+    assert code == 1 and "retained: flag-g-data-482913650271 (AWS::S3::Bucket)" in out
+    assert f"the FSx file systems {', '.join(sorted(outputs[k] for k in ('FsxDataId', 'FsxCheckpointsId', 'FsxLogsId')))} " \
+           "and their data first" in out
+    code, out = cli("infra", "delete", path, "--yes", "--delete-file-systems", "--poll", "0.05")
     assert code == 0, out
+    assert f"deleting FSx {outputs['FsxDataId']} (FsxData)" in out and "deleted 3 FSx file system(s)" in out
     assert "retained AWS::S3::Bucket flag-g-ckpt-482913650271" in out and not (tmp_path / "flag-g.infra.json").exists()
+    assert "retained AWS::FSx" not in out
+    for key in ("FsxDataId", "FsxCheckpointsId", "FsxLogsId"):
+        with pytest.raises(fsx.exceptions.FileSystemNotFound):
+            fsx.describe_file_systems(FileSystemIds=[outputs[key]])
     ec2 = boto3.client("ec2", region_name=REGION)
     assert outputs["VpcId"] not in {v["VpcId"] for v in ec2.describe_vpcs()["Vpcs"]}
     assert outputs["PrivateSubnetId"] not in {s["SubnetId"] for s in ec2.describe_subnets()["Subnets"]}

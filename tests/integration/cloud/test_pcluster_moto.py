@@ -1,11 +1,14 @@
 """`clustertrain cluster create | status | delete` running the REAL aws-parallelcluster 3.16.1 ``pcluster`` against moto's
-server over HTTP (``AWS_ENDPOINT_URL``), with the VPC, subnets, security groups, key pair, IAM policy and buckets
-created there by boto3.
+server over HTTP (``AWS_ENDPOINT_URL``), after the flagship's infrastructure stack was deployed there by
+``clustertrain.cloud.stack.deploy`` (VPC, subnets, security groups, buckets, IAM policy and the three FSx for Lustre
+file systems; the server is tests/support/moto_cfn.py's, whose FSx are answered as AWS answers them) and the key pair
+created by boto3: phase 1 feeds phase 2 as it does for a user.
 
 What runs for real: the node-script upload (clustertrain's S3 store into moto's S3); ``pcluster create-cluster
---dryrun true``, i.e. pcluster's own config loading and validators calling EC2/IAM/S3/STS on moto, passing for a good
-project and stopping ``create`` for a key pair that does not exist (pcluster's KeyPairValidator) and for three new FSx
-file systems (its NumberOfStorageValidator: ParallelCluster creates at most one); ``describe-cluster`` and
+--dryrun true``, i.e. pcluster's own config loading and validators calling EC2/IAM/S3/STS/FSx on moto, passing for the
+flagship with its three file systems mounted by the ids the stack recorded (ExistingFsxNetworkingValidator: same VPC,
+TCP 988 open from the nodes' groups; NumberOfStorageValidator: no new FSx), and stopping ``create`` for a key pair
+that does not exist (KeyPairValidator) and for a file system that does not exist; ``describe-cluster`` and
 ``delete-cluster`` answering for a cluster that does not exist.
 
 What moto cannot do, and how the test meets it (each confirmed on this server, see the moto source cited):
@@ -16,27 +19,22 @@ What moto cannot do, and how the test meets it (each confirmed on this server, s
   parameter ebs"): HeadNodeLaunchTemplateValidator and ComputeResourceLaunchTemplateValidator are suppressed
   (``--suppress-validator``).
 * moto's instance-type offerings for ap-southeast-3 have no c6i: the head node is a c5.2xlarge.
-* a real ``create-cluster`` goes on to a CloudFormation stack that moto cannot build (AWS::FSx::FileSystem and the
-  CloudWatch alarms are unsupported: "Fn::GetAtt references undefined resource"), so describe-cluster never
-  reaches CREATE_COMPLETE there. The full create is therefore run with the real dry run and upload, and the
+* a real ``create-cluster`` goes on to a CloudFormation stack (made by pcluster's CDK templates: launch templates,
+  CloudWatch alarms and dashboards, a Lambda-backed custom resource...) that this server does not build, so
+  describe-cluster never reaches CREATE_COMPLETE there. The full create is therefore run with the real dry run and upload, and the
   non-dry ``create-cluster`` and the ``describe-cluster`` polls answered by :data:`RECORDED` (real-format outputs,
   see tests/unit/cloud/test_lifecycle.py for their sources).
 
 Server settings: ``MOTO_AMIS_PATH`` holds the official ParallelCluster AMI pcluster looks up by name
-(``aws-parallelcluster-3.16.1-amzn2023-hvm-x86_64*``, owner amazon); ``MOTO_ACCOUNT_ID`` is the account of the
-storage policy ARN; ``MOTO_IAM_LOAD_MANAGED_POLICIES`` loads AmazonSSMManagedInstanceCore. pcluster's log goes to a
+(``aws-parallelcluster-3.16.1-amzn2023-hvm-x86_64*``, owner amazon); ``MOTO_ACCOUNT_ID`` is not the documentation's
+123456789012 (check refuses that account in the policy ARN); ``MOTO_IAM_LOAD_MANAGED_POLICIES`` loads AmazonSSMManagedInstanceCore. pcluster's log goes to a
 temporary HOME.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -47,8 +45,7 @@ from clustertrain.cli.cluster_lifecycle import register
 from clustertrain.cli.common import command_group
 from clustertrain.cloud.lifecycle import DRYRUN_OK, Pcluster, Reply, lifecycle
 from clustertrain.project import load_project
-from tests.support.s3server import dummy_env, free_port
-from tests.unit.cloud.conftest import scenario_raw
+from tests.unit.cloud.conftest import example_raw
 
 pytestmark = pytest.mark.slow
 
@@ -67,73 +64,53 @@ register(app)
 runner = CliRunner()
 
 
-@contextlib.contextmanager
-def moto(tmp: Path):
-    """moto_server on a free port with the settings above; yields the endpoint."""
-    (tmp / "amis.json").write_text(json.dumps([AMI]))
-    env = dict(os.environ, MOTO_AMIS_PATH=str(tmp / "amis.json"), MOTO_ACCOUNT_ID=ACCOUNT,
-               MOTO_IAM_LOAD_MANAGED_POLICIES="true")
-    port = free_port()
-    exe = Path(sys.executable).with_name("moto_server")
-    proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(200):
-            with contextlib.suppress(OSError):
-                urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1).close()
-                break
-            time.sleep(0.05)
-        yield endpoint
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-
-
 @pytest.fixture(scope="module")
 def aws(tmp_path_factory):
-    """The moto server with the infrastructure a deployed infra stack leaves; the environment pointing at it."""
+    """The server with the flagship's infrastructure stack deployed (the state file beside the project) and a key pair;
+    the environment pointing at it."""
     import boto3
 
+    from clustertrain.cloud.stack import deploy
+    from tests.support.moto_cfn import cfn_server
+    from tests.support.s3server import dummy_environ
+
     tmp = tmp_path_factory.mktemp("pcluster-moto")
-    with moto(tmp) as endpoint, pytest.MonkeyPatch.context() as mp:
-        for k in [k for k in os.environ if k.startswith("AWS_")]:
-            mp.delenv(k)
-        for k, v in dummy_env(AWS_ENDPOINT_URL=endpoint, HOME=str(tmp / "home")).items():
-            mp.setenv(k, v)
-        ec2 = boto3.client("ec2", region_name=REGION)
-        vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
-        for attr in ("EnableDnsSupport", "EnableDnsHostnames"):
-            ec2.modify_vpc_attribute(VpcId=vpc, **{attr: {"Value": True}})
-        subnet = {n: ec2.create_subnet(VpcId=vpc, CidrBlock=c, AvailabilityZone=f"{REGION}a")["Subnet"]["SubnetId"]
-                  for n, c in (("public", "10.0.0.0/24"), ("private", "10.0.64.0/18"))}
-        sg = {n: ec2.create_security_group(GroupName=n, Description=n, VpcId=vpc)["GroupId"] for n in ("head", "compute")}
-        ec2.create_key_pair(KeyName="p5e-cluster-key", KeyType="ed25519")  # AWS answers KeyType; pcluster reads it
-        policy = boto3.client("iam").create_policy(PolicyName="p5e-80x7-storage", PolicyDocument=json.dumps(
-            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:GetObject", "Resource": "*"}]}))
-        s3 = boto3.client("s3", region_name=REGION)
-        s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
-        raw = scenario_raw()
+    (tmp / "amis.json").write_text(json.dumps([AMI]))
+    with dummy_environ(MOTO_AMIS_PATH=str(tmp / "amis.json"), MOTO_ACCOUNT_ID=ACCOUNT, AWS_DEFAULT_REGION=REGION,
+                       MOTO_IAM_LOAD_MANAGED_POLICIES="true", HOME=str(tmp / "home")), cfn_server() as endpoint:
+        os.environ["AWS_ENDPOINT_URL"] = endpoint  # restored by dummy_environ
+        raw = example_raw()
         a = raw["aws"]
-        a["network"].update(public_subnet_id=subnet["public"], private_subnet_id=subnet["private"],
-                            head_security_group_id=sg["head"], compute_security_group_id=sg["compute"])
-        a["storage_policy_arn"] = policy["Policy"]["Arn"]
-        a["buckets"] = {"data": BUCKET, "checkpoints": "p5e-80x7-checkpoints-jakarta-482913650271"}
+        for k in ("public_subnet_id", "private_subnet_id", "head_security_group_id", "compute_security_group_id"):
+            a["network"].pop(k)  # from the deploy, as the file systems' ids
+        a.pop("storage_policy_arn")
+        a["example_ids"] = False
+        a["buckets"] = {"data": f"p5e-80x7-data-{ACCOUNT}", "checkpoints": f"p5e-80x7-checkpoints-{ACCOUNT}"}
+        # the stack's buckets deny plain HTTP (DenyInsecureTransport, enforced by moto): this server speaks only HTTP
+        a["scripts_s3_uri"] = f"s3://{BUCKET}/clustertrain/node-scripts"
         a["head_node"]["instance_type"] = "c5.2xlarge"
         for q in a["queues"]:
             q.pop("capacity_reservation_id", None)
-        three_fsx = [dict(f) for f in a["fsx"]]
-        a["fsx"] = [dict(a["fsx"][0], holds=["datasets", "checkpoints", "outputs", "logs", "tensorboard"])]
-        yield {"tmp": tmp, "raw": raw, "three_fsx": three_fsx, "s3": s3, "cfn": boto3.client("cloudformation", region_name=REGION)}
+        base = tmp / "deployed"
+        base.mkdir()
+        (base / "p5e-80x7.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+        deploy(load_project(base / "p5e-80x7.yaml"), echo=lambda line: None, poll_s=0.05)
+        boto3.client("ec2", region_name=REGION).create_key_pair(KeyName="p5e-cluster-key", KeyType="ed25519")  # pcluster reads KeyType
+        s3 = boto3.client("s3", region_name=REGION)
+        s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
+        state = json.loads((base / "p5e-80x7.infra.json").read_text())
+        yield {"tmp": tmp, "raw": raw, "state": state, "s3": s3, "cfn": boto3.client("cloudformation", region_name=REGION)}
 
 
 def project_file(aws, name: str, edit=None) -> Path:
+    """A copy of the deployed project (its state file beside it) in its own directory, edited."""
     raw = json.loads(json.dumps(aws["raw"]))
     if edit:
         edit(raw)
     d = aws["tmp"] / name
     d.mkdir()
     (d / "p5e-80x7.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    (d / "p5e-80x7.infra.json").write_text(json.dumps(aws["state"]))
     return d / "p5e-80x7.yaml"
 
 
@@ -194,8 +171,11 @@ def test_create_uploads_the_scripts_and_passes_pclusters_real_dry_run(aws):
         "head-node.sh", "compute-node.sh", "setup-dirs.sh"}
     body = aws["s3"].get_object(Bucket=BUCKET, Key="clustertrain/node-scripts/head-node.sh")["Body"].read()
     assert body == path.with_name("p5e-80x7.node-scripts").joinpath("head-node.sh").read_bytes()
-    assert yaml.safe_load(path.with_name("p5e-80x7.cluster.yaml").read_text())["HeadNode"]["Ssh"] == {
-        "KeyName": "p5e-cluster-key", "AllowedIps": "203.0.113.0/24"}
+    config = yaml.safe_load(path.with_name("p5e-80x7.cluster.yaml").read_text())
+    assert config["HeadNode"]["Ssh"] == {"KeyName": "p5e-cluster-key", "AllowedIps": "203.0.113.0/24"}
+    outputs = aws["state"]["outputs"]  # the three file systems the stack made, mounted by id: none new for pcluster
+    assert [s["FsxLustreSettings"] for s in config["SharedStorage"]] == [
+        {"FileSystemId": outputs[k]} for k in ("FsxDataId", "FsxCheckpointsId", "FsxLogsId")]
     assert any("DetailedMonitoringValidator" in s for s in said), said  # pcluster's own warning, printed
     assert any("198.51.100.44" in s for s in said) and any(s.startswith("log in: pcluster ssh") for s in said), said
 
@@ -208,19 +188,19 @@ def test_a_key_pair_that_does_not_exist_stops_create_before_anything_is_created(
     assert error == ("error: pcluster create-cluster rejected the config: KeyPairValidator: "
                      "The keypair '{'no-such-key'}' does not exist; nothing was created"), r.output
     assert [line.split()[0] for line in done] == ["wrote", "uploaded"]  # the config and the scripts, nothing else
-    assert aws["cfn"].list_stacks()["StackSummaries"] == []  # no stack: create-cluster never ran
+    assert [x["StackName"] for x in aws["cfn"].list_stacks()["StackSummaries"]] == ["p5e-80x7-infra"]  # create-cluster never ran
     assert not [b for b in aws["s3"].list_buckets()["Buckets"] if b["Name"].startswith("parallelcluster-")]
 
 
-def test_three_new_fsx_file_systems_are_refused_by_pcluster(aws):
-    """The flagship's layout (three new FSx for Lustre) is refused by ParallelCluster itself: at most one new FSx
-    (pcluster/constants.py MAX_NEW_STORAGE_COUNT); more must be existing file systems (``file_system_id``)."""
-    path = project_file(aws, "threefsx", lambda raw: raw["aws"].update(fsx=aws["three_fsx"]))
+def test_a_file_system_that_does_not_exist_stops_create_before_anything_is_created(aws):
+    """pcluster describes every mounted file system while it loads the config (then ExistingFsxNetworkingValidator
+    checks its VPC and that its security groups let the nodes in on TCP 988): an id FSx does not know stops create."""
+    path = project_file(aws, "nofs", lambda raw: raw["aws"]["fsx"][2].update(file_system_id="fs-0a0b0c0d0e0f01234"))
     r = runner.invoke(app, ["create", str(path), *suppress_args()])
     assert r.exit_code == 2, r.output
-    assert ("NumberOfStorageValidator: Too many new FSx shared storage specified in the configuration. "
-            "ParallelCluster supports 1 new FSx; nothing was created") in r.output
-    assert aws["cfn"].list_stacks()["StackSummaries"] == []
+    assert r.output.strip().splitlines()[-1] == ("error: pcluster create-cluster: Invalid cluster configuration: File system "
+                                                 "'fs-0a0b0c0d0e0f01234' does not exist; nothing was created"), r.output
+    assert aws["cfn"].list_stacks()["StackSummaries"][0]["StackName"] == "p5e-80x7-infra"  # the infra stack only
 
 
 def test_status_and_delete_of_a_cluster_that_does_not_exist(aws):

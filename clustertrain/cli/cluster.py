@@ -145,7 +145,7 @@ def infra_delete_cmd(
                                         "deleted while they exist)."),
     poll: float = typer.Option(5.0, "--poll", help="Seconds between status polls.", hidden=True),
 ) -> None:
-    """Delete the stack. The S3 buckets are retained (DeletionPolicy Retain): they hold the datasets and checkpoints. The
+    """Delete the stack. The S3 buckets are retained (DeletionPolicy RetainExceptOnCreate): they hold the datasets and checkpoints. The
     FSx file systems must go first (--delete-file-systems): their network interfaces hold the subnet."""
     import shlex
 

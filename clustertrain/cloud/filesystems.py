@@ -1,7 +1,7 @@
 """The infrastructure stack's FSx for Lustre file systems at ``infra delete``.
 
-They have ``DeletionPolicy: Retain`` (clustertrain.cloud.infra): no deploy or delete of the stack ever drops the data
-they hold. But a file system keeps its network interfaces in the stack's private subnet, carrying the stack's
+They have ``DeletionPolicy: RetainExceptOnCreate`` (clustertrain.cloud.infra): no deploy or delete of the stack drops
+the data they hold. But a file system keeps its network interfaces in the stack's private subnet, carrying the stack's
 ``FsxSecurityGroup``, and EC2 deletes neither a subnet nor a security group that a network interface still uses
 (``DependencyViolation``). A stack delete while they exist therefore ends DELETE_FAILED halfway, with the NAT
 gateway and routes gone and the VPC, subnet and group left. So ``infra delete`` looks first (:func:`live`): while
@@ -50,7 +50,7 @@ def live(retained: list[tuple[str, str, str]], region: str, fsx: Any = None) -> 
 def refusal(stack_name: str, systems: list[LiveFileSystem], delete_command: str) -> str:
     """The one line of an ``infra delete`` that would fail on them."""
     names = ", ".join(f"{s.logical_id} {s.file_system_id} ({s.capacity_gb} GiB)" for s in systems)
-    return (f"stack {stack_name} still has its FSx file systems {names} (DeletionPolicy Retain): their network interfaces "
+    return (f"stack {stack_name} still has its FSx file systems {names} (kept by a stack delete): their network interfaces "
             "keep the private subnet and the FSx security group in use, so the stack delete would fail halfway; copy off "
             f"what you need, then run `{delete_command} --delete-file-systems` (it deletes them first); nothing was deleted")
 

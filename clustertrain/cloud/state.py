@@ -17,7 +17,7 @@ version 1; readers ignore keys a newer version adds)::
                   "HeadNodeSecurityGroupId": "sg-...", "ComputeSecurityGroupId": "sg-...",
                   "DataBucketName": "...", "CheckpointBucketName": "...", "StoragePolicyArn": "arn:aws:iam::...:policy/...",
                   "FsxDataId": "fs-...", ...},   # one Fsx<Name>Id per file system the stack creates (fsx_output)
-      "retained": ["DataBucket", "CheckpointBucket", "FsxData", ...]   # kept by a stack delete (DeletionPolicy Retain)
+      "retained": ["DataBucket", "CheckpointBucket", "FsxData", ...]   # kept by a stack delete (DeletionPolicy Retain*)
     }
 
 No secret is ever in it: ids, names and ARNs only.

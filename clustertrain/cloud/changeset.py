@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 #: resource types a deploy never replaces without --allow-replace
-GUARDED = {"AWS::S3::Bucket": "bucket", "AWS::EC2::VPC": "VPC", "AWS::FSx::FileSystem": "FSx file system"}
+GUARDED = {"AWS::S3::Bucket": "S3 bucket", "AWS::EC2::VPC": "VPC", "AWS::FSx::FileSystem": "FSx file system"}
 _RANK = {"": 0, "False": 0, "Conditional": 1, "True": 2}
 
 
@@ -182,5 +182,19 @@ def merge(aws: list[Change], predicted: list[Change]) -> list[Change]:
 
 
 def refused(changes: list[Change]) -> list[Change]:
-    """The changes a deploy refuses without --allow-replace: a bucket or the VPC replaced."""
+    """The changes a deploy refuses without --allow-replace: a bucket, a file system or the VPC replaced."""
     return [c for c in changes if c.replaced and c.resource_type in GUARDED]
+
+
+def shrunk(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, int, int]]:
+    """(logical id, deployed GiB, new GiB) of each FSx file system whose StorageCapacity ``new`` lowers: FSx only
+    grows a file system (UpdateFileSystem, "you can only increase the amount of storage capacity"), so the stack
+    update would fail on it and roll back. No flag allows it."""
+    out = []
+    for logical, res in (new.get("Resources") or {}).items():
+        before = ((old.get("Resources") or {}).get(logical) or {})
+        if res.get("Type") == before.get("Type") == "AWS::FSx::FileSystem":
+            was, now = before.get("Properties", {}).get("StorageCapacity"), res.get("Properties", {}).get("StorageCapacity")
+            if isinstance(was, int) and isinstance(now, int) and now < was:
+                out.append((logical, was, now))
+    return out

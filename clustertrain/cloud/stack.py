@@ -3,7 +3,8 @@
 The template is :func:`clustertrain.cloud.infra.build_infra_template`'s. Every deploy goes through a CloudFormation
 change set, as ``aws cloudformation deploy`` does: create it (CREATE for a new stack, UPDATE for an existing one), wait
 until it is computed, print what it does (:mod:`clustertrain.cloud.changeset`: add / modify / replace / remove, with
-replacements called out), refuse it when it replaces a bucket or the VPC (unless ``allow_replace``), execute it, follow
+replacements called out), refuse it when it replaces a bucket, a file system or the VPC (unless ``allow_replace``) or
+shrinks a file system (FSx only grows: never), execute it, follow
 the stack's events until the stack settles, and record the outputs in the state file (:mod:`clustertrain.cloud.state`).
 A dry run creates the change set, prints it and deletes it again: nothing is deployed.
 
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import yaml
 
-from clustertrain.cloud.changeset import Change, from_aws, merge, predict, refused
+from clustertrain.cloud.changeset import GUARDED, Change, from_aws, merge, predict, refused, shrunk
 from clustertrain.cloud.infra import KEPT_POLICIES, build_infra_template, render_infra_template
 from clustertrain.cloud.pcluster import cluster_name
 from clustertrain.cloud.project_rules import require_aws
@@ -195,12 +196,20 @@ def deploy(project: "Project", *, dry_run: bool = False, allow_replace: bool = F
          f"{len(result.changes)} change(s)")
     for c in result.changes:
         echo("  " + c.describe())
+    smaller = shrunk(old, template)
+    if smaller:
+        discard()
+        what = "; ".join(f"{logical} from {was} to {now} GiB" for logical, was, now in smaller)
+        raise CloudError(f"deploy refused: the change set shrinks the FSx file system {what}, and FSx for Lustre only grows "
+                         "(the update would fail and roll back); set its aws.fsx capacity_gb back to the deployed size or "
+                         "more; nothing was deployed")
     bad = refused(result.changes)
     if bad and not allow_replace:
         discard()
-        what = "; ".join(f"the {c.resource_type.split('::')[-1].lower().replace('bucket', 'S3 bucket')} {c.logical_id} ({c.why})" for c in bad)
-        raise CloudError(f"deploy refused: the change set replaces {what}: a new bucket is an empty one and a new VPC rebuilds every "
-                         "subnet and security group; nothing was deployed; pass --allow-replace if that is what you want")
+        what = "; ".join(f"the {GUARDED[c.resource_type]} {c.logical_id} ({c.why})" for c in bad)
+        raise CloudError(f"deploy refused: the change set replaces {what}: a new bucket or file system is an empty one and a "
+                         "new VPC rebuilds every subnet and security group; nothing was deployed; pass --allow-replace if "
+                         "that is what you want")
     if dry_run:
         discard()
         echo(f"dry run: change set deleted, nothing deployed (deploy: clustertrain cluster infra deploy {project.file or 'PROJECT'})")

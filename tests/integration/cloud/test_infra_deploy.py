@@ -154,7 +154,9 @@ def test_replacing_the_vpc_or_a_bucket_is_refused_and_nothing_is_deployed(aws_en
     code, out = deploy(moved)
     assert code == 2 and "deploy refused" in out and "Vpc (CidrBlock changed)" in out and "--allow-replace" in out
     code, out = deploy(flagship(tmp_path, "flag-c", private_subnet_cidr="10.0.128.0/18"))
-    assert code == 2 and "deploy refused" in out and "FsxData (it follows the new PrivateSubnet)" in out, out
+    assert code == 2 and "the FSx file system FsxData (it follows the new PrivateSubnet)" in out, out
+    code, out = cli("infra", "deploy", flagship(tmp_path, "flag-c"), "--set", "aws.fsx.2.capacity_gb=2400")
+    assert code == 2 and "shrinks the FSx file system FsxLogs from 4800 to 2400 GiB" in out and "only grows" in out, out
     raw = yaml.safe_load(path.read_text())
     raw["aws"]["buckets"]["data"] = "flag-c-data2-482913650271"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))

@@ -12,7 +12,7 @@ import copy
 
 import pytest
 
-from clustertrain.cloud.changeset import create_only, from_aws, merge, predict, refused
+from clustertrain.cloud.changeset import create_only, from_aws, merge, predict, refused, shrunk
 from clustertrain.cloud.infra import build_infra_template
 from clustertrain.project import validate_project
 from tests.unit.cloud.conftest import scenario_raw
@@ -73,11 +73,13 @@ def test_a_new_private_subnet_replaces_the_file_systems_in_it_and_is_refused():
     assert sorted(c.logical_id for c in refused(changes)) == ["FsxCheckpoints", "FsxData", "FsxLogs"]
 
 
-def test_a_file_system_grows_in_place():
+def test_a_file_system_grows_in_place_and_never_shrinks():
     raw = stack_raw()
     raw["aws"]["fsx"][0]["capacity_gb"] *= 2
-    changes = predict(template(), build_infra_template(validate_project(raw, source="p5e-80x7")), REGION)
+    grown = build_infra_template(validate_project(raw, source="p5e-80x7"))
+    changes = predict(template(), grown, REGION)
     assert [(c.logical_id, c.action, c.replacement) for c in changes] == [("FsxData", "Modify", "False")]
+    assert shrunk(template(), grown) == [] and shrunk(grown, template()) == [("FsxData", 14400, 7200)]
 
 
 def test_a_vpc_cidr_replaces_the_vpc_and_is_refused():

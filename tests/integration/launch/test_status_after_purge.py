@@ -1,7 +1,12 @@
 """`status` on a cluster configured like ParallelCluster (JobCompType=jobcomp/none; MinJobAge short here, 300 s
 there): after slurmctld has forgotten a job, the run directory's own records give its final state.
 
-On the old code `status` then failed with "cannot read finished jobs: JobCompType is 'jobcomp/none'"."""
+On the old code `status` then failed with "cannot read finished jobs: JobCompType is 'jobcomp/none'".
+
+Both tests read the jobs of one module fixture (:func:`forgotten_jobs`): four jobs submitted at once, each left
+alone until slurmctld has forgotten it. The nodes declare 4 CPUs (the emulation's declaration, not this machine's),
+so the four 1-CPU-per-node jobs run side by side instead of two by two, and the controller forgets them in one
+MinJobAge wait instead of two."""
 
 from __future__ import annotations
 
@@ -22,10 +27,26 @@ from tests.support.training import metrics, wait_for
 
 pytestmark = pytest.mark.slow
 
+# The tiny 2-node x 1-rank CPU project of the Slurm backend tests (conftest.py's TINY_SLURM / TINY_MODEL).
+PROJECT = """
+name: pc
+cluster: {{backend: slurm, nodes: 2, gpus_per_node: 0, procs_per_node: 1, threads_per_worker: 1}}
+storage: {{root: {root}}}
+models:
+{models}
+"""
+MODEL = """  - name: {model}
+    model: {{layers: 2, hidden: 64, heads: 4, seq_len: 64}}
+    training: {{max_steps: 4, micro_batch: 4, global_batch: 8, lr: 3.0e-3, min_lr: 3.0e-4,
+               checkpoint_every: 2, keep_last: 2, log_every: 1, seed: 7}}
+"""
+MODELS = ("done", "crash", "stop", "gone")
+
 
 @pytest.fixture(scope="module")
 def pcluster_like_slurm(tmp_path_factory):
-    yield from local_slurm_cluster(tmp_path_factory.mktemp("pcslurm"), nodes=2, jobcomp="none", min_job_age=2)
+    yield from local_slurm_cluster(tmp_path_factory.mktemp("pcslurm"), nodes=2, cpus_per_node=len(MODELS),
+                                   jobcomp="none", min_job_age=2)
 
 
 def forgotten(cluster, job_id: str) -> bool:
@@ -34,6 +55,29 @@ def forgotten(cluster, job_id: str) -> bool:
         return False
     except JobGone:
         return True
+
+
+@pytest.fixture(scope="module")
+def forgotten_jobs(pcluster_like_slurm, tmp_path_factory):
+    """Submit, at once: ``done`` (completes its 4 steps), ``crash`` (rank 0 raises before step 2), ``stop`` (endless,
+    cancelled after step 2) and ``gone`` (2 steps; its end marker is for the second test to delete); wait until the
+    controller has forgotten all four. Nobody asks for a status meanwhile. Returns (project file, submissions)."""
+    cluster, base = pcluster_like_slurm, tmp_path_factory.mktemp("pc")
+    path = base / "pc.yaml"
+    path.write_text(PROJECT.format(root=json.dumps(str(base / "fsx")),
+                                   models="".join(MODEL.format(model=m) for m in MODELS)))
+    project = load_project(path, ["models.stop.training.max_steps=100000", "models.gone.training.max_steps=2"])
+    launch = LaunchConfig(exclusive=False)
+    plain = SlurmLauncher(env=cluster.env(), launch=launch)
+    crashing = SlurmLauncher(env={**cluster.env(), "CLUSTERTRAIN_INJECT_FAILURE": "0:2"}, launch=launch)
+    subs = {}
+    for model in MODELS:
+        [subs[model]] = submit_project(project, model, None, True, crashing if model == "crash" else plain)
+    stop = subs["stop"]
+    wait_for(lambda: any(r["step"] >= 2 for r in metrics(stop.run_dir)), 120)
+    subprocess.run(["scancel", stop.job_id], check=True, env=client_env(cluster))
+    assert wait_for(lambda: all(forgotten(cluster, s.job_id) for s in subs.values()), 120, interval=0.5)
+    return path, subs
 
 
 def status_cli(cluster, path, model: str) -> tuple[int, dict]:
@@ -49,20 +93,12 @@ def job_of(row: dict) -> tuple:
     return row["job_id"], row["state"], row["job_state"], row["exit_code"], row["restarts"]
 
 
-def test_status_after_slurm_forgot_completed_failed_and_cancelled_jobs(pcluster_like_slurm, slurm_project):
+def test_status_after_slurm_forgot_completed_failed_and_cancelled_jobs(pcluster_like_slurm, forgotten_jobs):
     cluster = pcluster_like_slurm
-    path = slurm_project(models=("done", "crash", "stop"), steps=4, ckpt=2, name="pc")
-    project = load_project(path, ["models.stop.training.max_steps=100000"])
-    launch = LaunchConfig(exclusive=False)
-    plain = SlurmLauncher(env=cluster.env(), launch=launch)
-    crashing = SlurmLauncher(env={**cluster.env(), "CLUSTERTRAIN_INJECT_FAILURE": "0:2"}, launch=launch)
-    [done] = submit_project(project, "done", None, True, plain)
-    [crash] = submit_project(project, "crash", None, True, crashing)
-    [stop] = submit_project(project, "stop", None, True, plain)
-    wait_for(lambda: any(r["step"] >= 2 for r in metrics(stop.run_dir)), 120)
-    subprocess.run(["scancel", stop.job_id], check=True, env=client_env(cluster))
-    # nobody asks for a status while the controller still knows the jobs: jobs.jsonl records no end
-    assert wait_for(lambda: all(forgotten(cluster, s.job_id) for s in (done, crash, stop)), 120, interval=0.5)
+    path, subs = forgotten_jobs
+    done, crash, stop = subs["done"], subs["crash"], subs["stop"]
+    # nobody asked for a status while the controller still knew the jobs: jobs.jsonl records no end
+    assert all(forgotten(cluster, s.job_id) for s in (done, crash, stop))
     assert [r.state for s in (done, crash, stop) for r in read_records(RunPaths(s.run_dir))] == [None, None, None]
 
     assert read_end_marker(RunPaths(done.run_dir), done.job_id).state == "COMPLETED"
@@ -79,13 +115,12 @@ def test_status_after_slurm_forgot_completed_failed_and_cancelled_jobs(pcluster_
         ["COMPLETED", "FAILED", "CANCELLED"]
 
 
-def test_a_job_that_left_no_marker_is_reported_failed_not_an_error(pcluster_like_slurm, slurm_project):
+def test_a_job_that_left_no_marker_is_reported_failed_not_an_error(pcluster_like_slurm, forgotten_jobs):
     cluster = pcluster_like_slurm
-    path = slurm_project(models=("gone",), steps=2, ckpt=2, name="pc2")
-    project = load_project(path)
+    _, subs = forgotten_jobs
+    sub = subs["gone"]
     slurm = SlurmLauncher(env=cluster.env(), launch=LaunchConfig(exclusive=False))
-    [sub] = submit_project(project, None, None, True, slurm)
-    assert wait_for(lambda: forgotten(cluster, sub.job_id), 120, interval=0.5)
+    assert forgotten(cluster, sub.job_id)
     marker = RunPaths(sub.run_dir).root / "jobs" / f"{sub.job_id}.end"
     marker.unlink()  # as after SIGKILL or a node failure: the script never reached its end
     st = slurm.status(slurm.attach(RunPaths(sub.run_dir)))

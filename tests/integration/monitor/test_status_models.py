@@ -5,7 +5,11 @@ Slurm cluster (queued behind a job that holds both nodes, then running, then can
 How one Slurm project gets local runs, honestly: `clustertrain run --set cluster.backend=local --set cluster.nodes=1
 --model m1` trains m1 on this machine into the same run directory a submit would use (the project's storage root
 and model name); `status` decides per run directory — one with job records (jobs.jsonl) is a Slurm run, one
-without is a local run — so the plain `status PROJECT` (no --set) shows the three side by side."""
+without is a local run — so the plain `status PROJECT` (no --set) shows the three side by side.
+
+To keep it short, what does not depend on another step overlaps: m1 trains while m3 is submitted and m2 starts
+(once m1 has staged the project's dataset, so that no two of them tokenize it at once), and m2 saves and stops
+while Slurm ends m3's cancelled job (KillWait). Each status is still asked only once what it checks has happened."""
 
 from __future__ import annotations
 
@@ -59,18 +63,21 @@ def test_status_of_a_completed_a_running_and_a_slurm_model(cluster, tmp_path):
         MODEL.format(name=n, steps=s, ckpt=c) for n, s, c in (("m1", 10, 5), ("m2", 100000, 1000), ("m3", 100000, 1000)))))
     runs = {m: root / "st" / m for m in ("m1", "m2", "m3")}
     env = client_env(cluster)
-    done = cli(cluster, "run", str(path), "--model", "m1", *LOCAL)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-
-    blocker = sbatch(cluster, tmp_path, "sleep 300\n", "--nodes=2", "--exclusive", "-J", "blocker")
+    first = clustertrain("run", str(path), "--model", "m1", *LOCAL, env=env)  # m1 trains to completion meanwhile
     background = None
-    jobs = [blocker]
+    jobs = []
     try:
+        # the dataset is tokenized once below storage.root/datasets (clustertrain/data/staging.py); m1 does it first
+        wait_for(lambda: any(root.glob("datasets/*/*.manifest.json")) or first.poll() is not None, 60)
+        blocker = sbatch(cluster, tmp_path, "sleep 300\n", "--nodes=2", "--exclusive", "-J", "blocker")
+        jobs.append(blocker)
         sub = cli(cluster, "submit", str(path), "--model", "m3")
         assert sub.returncode == 0, sub.stdout + sub.stderr
         job_id = sub.stdout.split("job ")[1].split()[0]
         jobs.append(job_id)
         background = clustertrain("run", str(path), "--model", "m2", *LOCAL, env=env)
+        done, _ = first.communicate(timeout=120)
+        assert first.returncode == 0, done[-4000:]
         wait_for(lambda: len(metrics(runs["m2"])) >= 3, 60)
 
         code, st = rows(cluster, path)
@@ -101,20 +108,22 @@ def test_status_of_a_completed_a_running_and_a_slurm_model(cluster, tmp_path):
         assert (st["m3"]["state"], st["m3"]["nodes"], st["m2"]["state"]) == ("running", ["node1", "node2"], "running")
 
         subprocess.run(["scancel", job_id], env=env, check=True)  # a cancelled job counts as failed: exit 1
+        background.send_signal(signal.SIGTERM)  # m2 saves and stops while Slurm ends m3's job
         wait_for(lambda: query_job(job_id, cluster.env()).finished, 60, interval=0.2)
         code, st = rows(cluster, path)
         assert code == 1 and st["m3"]["state"] == "failed" and st["m3"]["job_state"] == "CANCELLED", st["m3"]
         assert "CANCELLED" in st["m3"]["message"]
 
-        background.send_signal(signal.SIGTERM)  # m2 saves and stops
         background.communicate(timeout=60)
         _, st = rows(cluster, path)
         assert st["m2"]["state"] == "stopped" and st["m2"]["checkpoint"] and st["m1"]["state"] == "completed"
     finally:
-        if background is not None and background.poll() is None:
-            background.kill()
-            background.communicate()
-        subprocess.run(["scancel", *jobs], env=env, capture_output=True)
+        for proc in (first, background):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        if jobs:
+            subprocess.run(["scancel", *jobs], env=env, capture_output=True)
 
     missing = cli(cluster, "status", str(tmp_path / "missing.yaml"))
     assert missing.returncode == 2 and missing.stderr.startswith("error: ") and "missing.yaml" in missing.stderr

@@ -12,9 +12,10 @@ Tolerances (fp32 on CPU). The layouts compute the same sums in different orders 
 full gradients vs a reduce-scatter of shards; tensor-parallel partial matmuls summed by an all-reduce;
 grad accumulation over 2 micro-batches at dp 2 vs 1 at dp 4), each reordering worth a few fp32 ulps
 (~1e-7 relative). AdamW divides by sqrt(v), so early steps amplify gradient differences on small
-gradients; over 20 steps (12 since the CI budget tightened) the observed spread is ~1e-6 in loss and ~1e-5 in parameters. The tests allow
-1e-4 relative loss and 2e-4 absolute parameter error: ten times that, still far below what a real
-mistake does (a wrong shard, a skipped reduction or a mis-split head changes the loss by > 1e-2 at step 2).
+gradients; over 20 steps (then 12, now 8 for the CI budget) the observed spread is ~1e-6 in loss and ~1e-5 in
+parameters (at 8 steps: ~2e-7 and ~3e-6). The tests allow 1e-4 relative loss and 2e-4 absolute parameter error: ten
+times the largest, still far below what a real mistake does (a wrong shard, a skipped reduction or a mis-split head
+changes the loss by > 1e-2 at step 2). 8 steps are past warmup (2) and the loss has fallen by ~0.66 (asserted: > 0.3).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from tests.support.ranks import launch_ranks, local_state_bytes
 pytestmark = pytest.mark.slow
 
 ARCH = dict(layers=2, hidden=64, heads=4, seq_len=32, vocab=192, mlp="swiglu", norm="rmsnorm", tie_embeddings=False)
-STEPS, GLOBAL_BATCH, MICRO = 12, 8, 2
+STEPS, GLOBAL_BATCH, MICRO = 8, 8, 2
 LAYOUTS = {
     "ddp": {},
     "ddp-full": {"recompute": "full"},

@@ -33,7 +33,9 @@ from tests.support.ranks import launch_ranks, local_state_bytes
 pytestmark = pytest.mark.slow
 
 ARCH = dict(layers=4, hidden=32, heads=2, seq_len=16, vocab=64, mlp="swiglu", norm="rmsnorm", tie_embeddings=False)
-STEPS, MICRO, RESUME_AT = 12, 1, 9
+STEPS, MICRO = 12, 1
+#: each layout saves at RESUME_AT; a fresh copy of the RESUMED one loads that and trains the last 2 steps (compared ==)
+RESUME_AT = STEPS - 2
 #: per world size: the global batch (8 ranks: 4, so the 3-D layouts run 2 micro-batches per step — half the time
 #: of 8 ranks on 2 cores; their DDP reference, "ddp-gb4", runs at 2 ranks)
 GLOBAL_BATCH = {2: 8, 4: 8, 8: 4}
@@ -48,8 +50,8 @@ WORLDS = {
 }
 #: per world size: the layout whose resume at step RESUME_AT is compared with its uninterrupted run
 RESUMED = {2: "pp2-1f1b", 4: "pp2xdp2-1f1b", 8: "dp2xtp2xpp2-1f1b"}
-#: per world size: (layout saved at RESUME_AT, layout that loads it)
-RESHARD = {2: ("pp2-1f1b", {}), 4: ("pp2xdp2-1f1b", {"zero_stage": 3}), 8: ("dp2xtp2xpp2-1f1b", {"zero_stage": 3, "tp": 2})}
+#: per world size: the other layout that loads the RESUMED layout's checkpoint of step RESUME_AT
+RESHARD = {2: {}, 4: {"zero_stage": 3}, 8: {"zero_stage": 3, "tp": 2}}
 
 
 # -- the ranks' side ------------------------------------------------------------------------------
@@ -118,7 +120,8 @@ class Run:
         return app_state(self.pm.model, self.optimizer, self.state)
 
     def full_state(self) -> dict[str, list[float]]:
-        """Every parameter and AdamW moment of the whole model, unsharded, by name (gathered from all stages)."""
+        """Every parameter and AdamW moment of the whole model, unsharded, by name (gathered from all stages): on
+        rank 0, the one that writes the result; the other ranks get ``{}``."""
         import torch.distributed as dist
 
         mine = {}
@@ -126,9 +129,9 @@ class Run:
             for key, t in [(name, p), *((f"{name}.{k}", v) for k, v in self.optimizer.state[p].items() if k != "step")]:
                 full = t.full_tensor() if hasattr(t, "full_tensor") else t
                 mine[key] = full.detach().flatten().tolist()
-        gathered: list[dict | None] = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, mine)
-        return {k: v for part in gathered for k, v in part.items()}
+        gathered: list[dict | None] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+        dist.gather_object(mine, gathered, dst=0)
+        return {k: v for part in gathered or [] for k, v in part.items()}
 
 
 def world_result(out: Path) -> dict:
@@ -154,16 +157,15 @@ def world_result(out: Path) -> dict:
         resumed = Run(overrides, world, GLOBAL_BATCH[world])  # the same layout, fresh: load step RESUME_AT, train to STEPS
         loaded = resumed.manager(out / name).load_latest(resumed.app_state())
         assert loaded is not None and resumed.state.step == RESUME_AT
+        source = resumed.full_state()  # the checkpoint as loaded at its own layout: what RESHARD[world] must load
         result["layouts"][name]["resumed_losses"] = [resumed.step()[0] for _ in range(STEPS - RESUME_AT)]
         result["layouts"][name]["resumed_final"] = resumed.full_state()
-    saved, other = RESHARD[world]
-    source = Run(WORLDS[world][saved], world, GLOBAL_BATCH[world])
-    source.manager(out / saved).load_latest(source.app_state())
-    target = Run(other, world, GLOBAL_BATCH[world])
-    meta = target.manager(out / saved).load_latest(target.app_state()).meta
-    result["reshard"] = {"from": saved, "saved_layout": meta.layout, "to": target.layout.to_dict(),
-                         "step": target.state.step, "source": source.full_state(), "target": target.full_state(),
-                         "next_loss": [target.step()[0], source.step()[0]]}
+        target = Run(RESHARD[world], world, GLOBAL_BATCH[world])
+        meta = target.manager(out / name).load_latest(target.app_state()).meta
+        result["reshard"] = {"from": name, "saved_layout": meta.layout, "to": target.layout.to_dict(),
+                             "step": target.state.step, "source": source, "target": target.full_state(),
+                             # the next step from the saved layout is the resumed run's first one
+                             "next_loss": [target.step()[0], result["layouts"][name]["resumed_losses"][0]]}
     if rank == 0:
         (out / "result.json").write_text(json.dumps(result))
     return result

@@ -22,24 +22,12 @@ from clustertrain.launch.slurm import SlurmLauncher, submit_project
 from clustertrain.launch.slurm_query import JobGone, query_job
 from clustertrain.project import load_project
 from clustertrain.rundir import RunPaths
+from tests.integration.launch.conftest import TINY_MODEL, TINY_SLURM
 from tests.support.slurm import client_env, local_slurm_cluster
 from tests.support.training import metrics, wait_for
 
 pytestmark = pytest.mark.slow
 
-# The tiny 2-node x 1-rank CPU project of the Slurm backend tests (conftest.py's TINY_SLURM / TINY_MODEL).
-PROJECT = """
-name: pc
-cluster: {{backend: slurm, nodes: 2, gpus_per_node: 0, procs_per_node: 1, threads_per_worker: 1}}
-storage: {{root: {root}}}
-models:
-{models}
-"""
-MODEL = """  - name: {model}
-    model: {{layers: 2, hidden: 64, heads: 4, seq_len: 64}}
-    training: {{max_steps: 4, micro_batch: 4, global_batch: 8, lr: 3.0e-3, min_lr: 3.0e-4,
-               checkpoint_every: 2, keep_last: 2, log_every: 1, seed: 7}}
-"""
 MODELS = ("done", "crash", "stop", "gone")
 
 
@@ -64,8 +52,8 @@ def forgotten_jobs(pcluster_like_slurm, tmp_path_factory):
     controller has forgotten all four. Nobody asks for a status meanwhile. Returns (project file, submissions)."""
     cluster, base = pcluster_like_slurm, tmp_path_factory.mktemp("pc")
     path = base / "pc.yaml"
-    path.write_text(PROJECT.format(root=json.dumps(str(base / "fsx")),
-                                   models="".join(MODEL.format(model=m) for m in MODELS)))
+    path.write_text(TINY_SLURM.format(name="pc", root=json.dumps(str(base / "fsx")),  # the Slurm backend tests' project
+                                      models="".join(TINY_MODEL.format(model=m, steps=4, ckpt=2) for m in MODELS)))
     project = load_project(path, ["models.stop.training.max_steps=100000", "models.gone.training.max_steps=2"])
     launch = LaunchConfig(exclusive=False)
     plain = SlurmLauncher(env=cluster.env(), launch=launch)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from clustertrain.cloud.catalog import InstanceCatalog, load_catalog
 from clustertrain.cloud.config import OS_DEFAULT_USER, AwsConfig
+from clustertrain.cloud.state import deployed_fsx_id, fsx_output, state_findings
 from clustertrain.errors import ConfigError
 from clustertrain.findings import Finding
 
@@ -102,8 +103,6 @@ def project_findings(project: "Project", catalog: InstanceCatalog | None = None)
     if aws is None:
         return []
     cat = catalog or load_catalog()
-    from clustertrain.cloud.state import state_findings
-
     out: list[Finding] = list(state_findings(project))
 
     def err(path: str, message: str, fix: str) -> None:
@@ -141,8 +140,6 @@ def project_findings(project: "Project", catalog: InstanceCatalog | None = None)
         err("aws.network.public_subnet_id", "the head node subnet is missing", deploy_fix(project, "PublicSubnetId"))
     if aws.network.private_subnet_id is None:
         err("aws.network.private_subnet_id", "the compute/FSx subnet is missing", deploy_fix(project, "PrivateSubnetId"))
-    from clustertrain.cloud.state import deployed_fsx_id, fsx_output
-
     for i, f in enumerate(aws.fsx):
         if f.file_system_id is None and deployed_fsx_id(project, f.name) is None:
             level, allowed = ("warning", " (allowed by aws.example_ids)") if aws.example_ids else ("error", "")

@@ -111,9 +111,14 @@ def prepare_case(id: str, name: str, content: str | bytes, expect: tuple[str, ..
     return Case(id, ("data", "prepare", "-i", name, "-o", prefix), expect, {name: content}, **kw)
 
 
-def aws_case(id: str, change: str, expect: tuple[str, ...]) -> Case:
+def aws_case(id: str, change: str | tuple[str, ...], expect: tuple[str, ...]) -> Case:
+    changes = (change,) if isinstance(change, str) else change
     return Case(id, ("cluster", "config", "aws.yaml", "-o", "cluster.yaml", "--no-schema"), expect,
-                {"aws.yaml": aws_project(change)})
+                {"aws.yaml": aws_project(*changes)})
+
+
+#: the first file system as one the infrastructure stack creates (its settings count only without a file_system_id)
+NEW_FSX = "aws.fsx.0.file_system_id=null"
 
 
 def storage_case(id: str, argv: tuple[str, ...], damaged: str | bytes, expect: tuple[str, ...], **kw) -> Case:
@@ -224,11 +229,11 @@ CASES = [
              ("aws.yaml:", "aws.queues[0].max_cont: unknown key", "valid keys here: name, instance_type")),
     aws_case("aws-queue-capacity-type", "aws.queues.0.capacity_type=RESERVED",
              ("aws.yaml:", "aws.queues[0].capacity_type: Input should be 'ONDEMAND', 'SPOT' or 'CAPACITY_BLOCK'")),
-    aws_case("aws-fsx-capacity", "aws.fsx.0.capacity_gb=5000",
+    aws_case("aws-fsx-capacity", (NEW_FSX, "aws.fsx.0.capacity_gb=5000"),
              ("aws.yaml:", "aws.fsx[0]: capacity_gb 5000 is not valid for", "use 1200 or a multiple of 2400 GiB")),
-    aws_case("aws-fsx-negative-capacity", "aws.fsx.0.capacity_gb=-1200",
+    aws_case("aws-fsx-negative-capacity", (NEW_FSX, "aws.fsx.0.capacity_gb=-1200"),
              ("aws.yaml:", "aws.fsx[0]: capacity_gb -1200 is not valid", "a multiple of 2400 GiB (nearest: 1200)")),
-    aws_case("aws-fsx-throughput", "aws.fsx.0.throughput=300",
+    aws_case("aws-fsx-throughput", (NEW_FSX, "aws.fsx.0.throughput=300"),
              ("aws.yaml:", "aws.fsx[0]: throughput 300 is not valid", "choose one of 125, 250, 500, 1000")),
     aws_case("aws-fsx-deployment", "aws.fsx.0.deployment_type=PERSISTENT",
              ("aws.yaml:", "aws.fsx[0].deployment_type: Input should be 'SCRATCH_1'")),

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import typer
 
+from clustertrain.cli.cluster_lifecycle import register
+from clustertrain.cli.cluster_options import PollOpt, ProjectArg, SetOpt, YesOpt
 from clustertrain.cli.common import command_group
 from clustertrain.project import load_project
 
@@ -14,7 +16,6 @@ app = command_group(
     help="AWS ParallelCluster: cluster config, CloudFormation infrastructure and node scripts from the project's `aws:` section.",
 )
 
-SetOpt = typer.Option([], "--set", help="Override a project field (dotted key=value).")
 NoSchemaOpt = typer.Option(False, "--no-schema", help="Skip aws-parallelcluster's schema check; run only clustertrain's rules.")
 
 
@@ -65,7 +66,6 @@ infra_app = command_group(
          "CloudFormation template, deploy it through a change set, show it, delete it.",
 )
 app.add_typer(infra_app, name="infra")
-ProjectArg = typer.Argument(..., help="Project file (YAML) with an `aws:` section.")
 
 
 @infra_app.command("template")
@@ -87,7 +87,7 @@ def infra_deploy_cmd(
     set_: list[str] = SetOpt,
     dry_run: bool = typer.Option(False, "--dry-run", help="Create the change set, print it, delete it: nothing is deployed."),
     allow_replace: bool = typer.Option(False, "--allow-replace", help="Deploy a change set that replaces a bucket or the VPC."),
-    poll: float = typer.Option(5.0, "--poll", help="Seconds between status polls.", hidden=True),
+    poll: float = PollOpt,
 ) -> None:
     """Create or update the stack through a CloudFormation change set and record its outputs in PROJECT.infra.json."""
     from rich.console import Console
@@ -139,11 +139,11 @@ def infra_status_cmd(project_file: Path = ProjectArg, set_: list[str] = SetOpt) 
 def infra_delete_cmd(
     project_file: Path = ProjectArg,
     set_: list[str] = SetOpt,
-    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+    yes: bool = YesOpt,
     delete_fs: bool = typer.Option(False, "--delete-file-systems",
                                    help="Delete the stack's FSx file systems first, and their data (the stack cannot be "
                                         "deleted while they exist)."),
-    poll: float = typer.Option(5.0, "--poll", help="Seconds between status polls.", hidden=True),
+    poll: float = PollOpt,
 ) -> None:
     """Delete the stack. The S3 buckets are retained (DeletionPolicy RetainExceptOnCreate): they hold the datasets and checkpoints. The
     FSx file systems must go first (--delete-file-systems): their network interfaces hold the subnet."""
@@ -151,9 +151,8 @@ def infra_delete_cmd(
 
     from rich.console import Console
 
-    from clustertrain.cloud.filesystems import FSX_TYPE, delete_all, live, refusal
+    from clustertrain.cloud.filesystems import delete_all, plan_teardown
     from clustertrain.cloud.stack import delete, inspect, retained_line
-    from clustertrain.errors import CloudError
 
     project = load_project(project_file, set_)
     report = inspect(project)
@@ -163,28 +162,21 @@ def infra_delete_cmd(
             typer.echo(f"removed the stale {project.infra_state_path}")
         typer.echo(f"there is no stack {report.stack_name} in {report.region}: nothing to delete")
         return
-    systems = live(report.retained, report.region)
-    if systems and not delete_fs:
-        raise CloudError(refusal(report.stack_name, systems,
-                                 shlex.join(["clustertrain", "cluster", "infra", "delete", str(project_file)])))
-    going = {s.file_system_id for s in systems}
-    kept = [(logical, rtype, physical) for logical, rtype, physical in report.retained if rtype != FSX_TYPE]  # deleted or gone
-    gone = f"; the FSx file systems {', '.join(sorted(going))} and their data first" if going else ""
-    typer.echo(f"stack {report.stack_name} in {report.region} ({report.stack['StackStatus']}, {report.resources} resources) "
-               f"will be deleted{gone}; retained: {', '.join(f'{p or lg} ({t})' for lg, t, p in kept) or 'nothing'}")
+    plan = plan_teardown(report, delete_fs, shlex.join(["clustertrain", "cluster", "infra", "delete", str(project_file)]))
+    typer.echo(plan.summary())
     if not yes and not typer.confirm("Delete it?", default=False):
         raise typer.Exit(1)
-    if systems:
-        delete_all(systems, report.region, echo=typer.echo, poll_s=poll)
+    if plan.file_systems:
+        delete_all(plan.file_systems, report.region, echo=typer.echo, poll_s=poll)
     delete(project, report, echo=typer.echo, console=Console(stderr=True), poll_s=poll)
     typer.echo(f"deleted stack {report.stack_name}; removed {project.infra_state_path}")
-    for logical, rtype, physical in kept:
+    for logical, rtype, physical in plan.kept:
         typer.echo(retained_line(logical, rtype, physical))
 
 
 @app.command("scripts")
 def scripts_cmd(
-    project_file: Path = typer.Argument(..., help="Project file (YAML) with an `aws:` section."),
+    project_file: Path = ProjectArg,
     output: Path = typer.Option(..., "-o", "--output", help="Directory for the node scripts."),
     set_: list[str] = SetOpt,
 ) -> None:
@@ -200,10 +192,4 @@ def scripts_cmd(
     typer.echo(f"upload before creating the cluster: {upload}")
 
 
-def _register_lifecycle() -> None:
-    from clustertrain.cli.cluster_lifecycle import register
-
-    register(app)
-
-
-_register_lifecycle()
+register(app)

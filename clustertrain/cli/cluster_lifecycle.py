@@ -8,10 +8,9 @@ from pathlib import Path
 
 import typer
 
+from clustertrain.cli.cluster_options import ProjectArg, SetOpt, YesOpt
 from clustertrain.project import load_project
 
-ProjectArg = typer.Argument(..., help="Project file (YAML) with an `aws:` section.")
-SetOpt = typer.Option([], "--set", help="Override a project field (dotted key=value).")
 DryRunOpt = typer.Option(False, "--dry-run", help="Print every command it would run, one per line; run and write nothing.")
 SuppressOpt = typer.Option(
     [], "--suppress-validator",
@@ -49,7 +48,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("delete")
     def delete_cmd(project_file: Path = ProjectArg, set_: list[str] = SetOpt, dry_run: bool = DryRunOpt,
-                   yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+                   yes: bool = YesOpt,
                    poll: float = PollOpt) -> None:
         """Delete the cluster (asks first) and follow until it is gone; FSx and EBS volumes are retained."""
         from clustertrain.cloud.lifecycle import lifecycle

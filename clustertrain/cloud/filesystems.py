@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
+from clustertrain.cloud.stack import aws_errors
 from clustertrain.errors import CloudError
+
+if TYPE_CHECKING:
+    from clustertrain.cloud.stack import StackReport
 
 FSX_TYPE = "AWS::FSx::FileSystem"
 
@@ -30,15 +34,13 @@ class LiveFileSystem:
 
 def live(retained: list[tuple[str, str, str]], region: str, fsx: Any = None) -> list[LiveFileSystem]:
     """The retained file systems of a stack (``StackReport.retained``) that FSx still lists."""
-    from clustertrain.cloud.stack import _aws
-
     ids = {physical: logical for logical, rtype, physical in retained if rtype == FSX_TYPE and physical}
     if not ids:
         return []
     fsx = fsx or _client(region)
     found = []
     for fs_id, logical in ids.items():
-        with _aws(f"describe file system {fs_id}"):
+        with aws_errors(f"describe file system {fs_id}"):
             try:
                 systems = fsx.describe_file_systems(FileSystemIds=[fs_id])["FileSystems"]
             except fsx.exceptions.FileSystemNotFound:
@@ -47,23 +49,44 @@ def live(retained: list[tuple[str, str, str]], region: str, fsx: Any = None) -> 
     return found
 
 
-def refusal(stack_name: str, systems: list[LiveFileSystem], delete_command: str) -> str:
-    """The one line of an ``infra delete`` that would fail on them."""
-    names = ", ".join(f"{s.logical_id} {s.file_system_id} ({s.capacity_gb} GiB)" for s in systems)
-    return (f"stack {stack_name} still has its FSx file systems {names} (kept by a stack delete): their network interfaces "
-            "keep the private subnet and the FSx security group in use, so the stack delete would fail halfway; copy off "
-            f"what you need, then run `{delete_command} --delete-file-systems` (it deletes them first); nothing was deleted")
+@dataclass
+class Teardown:
+    """What ``infra delete`` does about a stack's kept resources: the file systems it deletes first, and what stays
+    (``(logical id, type, physical id)``; the file systems are deleted or already gone, never kept)."""
+
+    report: "StackReport"
+    file_systems: list[LiveFileSystem]
+    kept: list[tuple[str, str, str]]
+
+    def summary(self) -> str:
+        r = self.report
+        first = (f"; the FSx file systems {', '.join(sorted(s.file_system_id for s in self.file_systems))} and their data "
+                 "first") if self.file_systems else ""
+        kept = ", ".join(f"{physical or logical} ({rtype})" for logical, rtype, physical in self.kept) or "nothing"
+        return (f"stack {r.stack_name} in {r.region} ({(r.stack or {}).get('StackStatus')}, {r.resources} resources) will be "
+                f"deleted{first}; retained: {kept}")
+
+
+def plan_teardown(report: "StackReport", delete_file_systems: bool, delete_command: str, fsx: Any = None) -> Teardown:
+    """The :class:`Teardown` of the stack ``report`` describes. While its file systems exist and
+    ``delete_file_systems`` is not given, one CloudError line: the stack delete would fail on them."""
+    systems = live(report.retained, report.region, fsx)
+    if systems and not delete_file_systems:
+        names = ", ".join(f"{s.logical_id} {s.file_system_id} ({s.capacity_gb} GiB)" for s in systems)
+        raise CloudError(f"stack {report.stack_name} still has its FSx file systems {names} (kept by a stack delete): their "
+                         "network interfaces keep the private subnet and the FSx security group in use, so the stack delete "
+                         f"would fail halfway; copy off what you need, then run `{delete_command} --delete-file-systems` (it "
+                         "deletes them first); nothing was deleted")
+    return Teardown(report, systems, [r for r in report.retained if r[1] != FSX_TYPE])
 
 
 def delete_all(systems: list[LiveFileSystem], region: str, echo: Callable[[str], None] = print, poll_s: float = 15.0,
                timeout_s: float = 3600.0, fsx: Any = None) -> None:
     """Delete each file system and wait until FSx lists none of them (a Lustre delete takes minutes)."""
-    from clustertrain.cloud.stack import _aws
-
     fsx = fsx or _client(region)
     for s in systems:
         if s.lifecycle != "DELETING":
-            with _aws(f"delete file system {s.file_system_id}"):
+            with aws_errors(f"delete file system {s.file_system_id}"):
                 fsx.delete_file_system(FileSystemId=s.file_system_id)
         echo(f"deleting FSx {s.file_system_id} ({s.logical_id})")
     deadline = time.monotonic() + timeout_s

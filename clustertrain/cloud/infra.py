@@ -39,6 +39,11 @@ KEEP = "RetainExceptOnCreate"
 KEPT_POLICIES = ("Retain", "RetainExceptOnCreate")
 
 
+def kept_resources(template: dict[str, Any]) -> list[str]:
+    """The logical ids of ``template`` that a stack delete keeps (:data:`KEPT_POLICIES`)."""
+    return [k for k, r in (template.get("Resources") or {}).items() if r.get("DeletionPolicy") in KEPT_POLICIES]
+
+
 def _ref(name: str) -> dict[str, str]:
     return {"Ref": name}
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import yaml
 
 from clustertrain.cloud.changeset import GUARDED, Change, from_aws, merge, predict, refused, shrunk
-from clustertrain.cloud.infra import KEPT_POLICIES, build_infra_template, render_infra_template
+from clustertrain.cloud.infra import build_infra_template, kept_resources, render_infra_template
 from clustertrain.cloud.pcluster import cluster_name
 from clustertrain.cloud.project_rules import require_aws
 from clustertrain.cloud.state import InfraState, state_path, write_state
@@ -63,7 +63,7 @@ def client(region: str) -> Any:
 
 
 @contextmanager
-def _aws(what: str) -> Iterator[None]:
+def aws_errors(what: str) -> Iterator[None]:
     """A failed AWS call as one CloudError line."""
     from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
@@ -83,7 +83,7 @@ def describe(cf: Any, name: str) -> dict[str, Any] | None:
     """The stack, or None when there is none of that name (deleted stacks are not found by name)."""
     from botocore.exceptions import ClientError
 
-    with _aws(f"describe stack {name}"):
+    with aws_errors(f"describe stack {name}"):
         try:
             return cf.describe_stacks(StackName=name)["Stacks"][0]
         except ClientError as e:
@@ -93,7 +93,7 @@ def describe(cf: Any, name: str) -> dict[str, Any] | None:
 
 
 def deployed_template(cf: Any, name: str) -> dict[str, Any]:
-    with _aws(f"get the template of stack {name}"):
+    with aws_errors(f"get the template of stack {name}"):
         body = cf.get_template(StackName=name, TemplateStage="Original")["TemplateBody"]
     if isinstance(body, dict):
         return body
@@ -166,14 +166,14 @@ def deploy(project: "Project", *, dry_run: bool = False, allow_replace: bool = F
     old = deployed_template(cf, name) if stack is not None else {}
     cs_name = "clustertrain-" + _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
     tags = [{"Key": TAG, "Value": project.name}] + [{"Key": k, "Value": v} for k, v in aws.tags.items()]
-    with _aws(f"create change set {cs_name} of stack {name}"):
+    with aws_errors(f"create change set {cs_name} of stack {name}"):
         created = cf.create_change_set(StackName=name, ChangeSetName=cs_name, ChangeSetType=kind, TemplateBody=body,
                                        Capabilities=["CAPABILITY_IAM"], Tags=tags,
                                        Description=f"clustertrain cluster infra deploy ({project.name})")
     cs_id, stack_id = created["Id"], created["StackId"]
 
     def discard() -> None:
-        with _aws(f"delete change set {cs_name}"):
+        with aws_errors(f"delete change set {cs_name}"):
             cf.delete_change_set(ChangeSetName=cs_id)
             if kind == "CREATE":  # the change set left an empty REVIEW_IN_PROGRESS stack
                 cf.delete_stack(StackName=stack_id)
@@ -215,7 +215,7 @@ def deploy(project: "Project", *, dry_run: bool = False, allow_replace: bool = F
         echo(f"dry run: change set deleted, nothing deployed (deploy: clustertrain cluster infra deploy {project.file or 'PROJECT'})")
         return result
     started = _dt.datetime.now(_dt.timezone.utc) - _dt.timedelta(seconds=5)
-    with _aws(f"execute change set {cs_name} of stack {name}"):
+    with aws_errors(f"execute change set {cs_name} of stack {name}"):
         cf.execute_change_set(ChangeSetName=cs_id)
     result.executed = True
     final = follow(cf, stack_id, started, len(template["Resources"]), echo, console, poll_s, verb=kind.lower())
@@ -229,7 +229,7 @@ def deploy(project: "Project", *, dry_run: bool = False, allow_replace: bool = F
 def _wait_change_set(cf: Any, cs_id: str, poll_s: float, timeout_s: float = 900) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     while True:
-        with _aws("describe change set"):
+        with aws_errors("describe change set"):
             d = cf.describe_change_set(ChangeSetName=cs_id)
             changes = list(d.get("Changes") or [])
             token = d.get("NextToken")
@@ -248,7 +248,7 @@ def _wait_change_set(cf: Any, cs_id: str, poll_s: float, timeout_s: float = 900)
 def events_since(cf: Any, stack_id: str, since: _dt.datetime) -> list[dict[str, Any]]:
     """The stack's events at or after ``since``, oldest first."""
     out: list[dict[str, Any]] = []
-    with _aws("describe stack events"):
+    with aws_errors("describe stack events"):
         for page in cf.get_paginator("describe_stack_events").paginate(StackName=stack_id):
             batch = page.get("StackEvents") or []
             out += [e for e in batch if e["Timestamp"] >= since]
@@ -269,7 +269,7 @@ def follow(cf: Any, stack_id: str, since: _dt.datetime, total: int, echo: Echo, 
     with progress:
         task = progress.add_task("", total=total)
         while True:
-            with _aws("describe stack"):
+            with aws_errors("describe stack"):
                 stack = cf.describe_stacks(StackName=stack_id)["Stacks"][0]
             for e in events_since(cf, stack_id, since):
                 if e["EventId"] in seen:
@@ -289,11 +289,9 @@ def follow(cf: Any, stack_id: str, since: _dt.datetime, total: int, echo: Echo, 
 
 def failure_line(cf: Any, stack_id: str, name: str, status: str, since: _dt.datetime) -> str:
     """One line for a stack that did not settle as asked: its first failed resource and the reason."""
-    first = next((e for e in events_since(cf, stack_id, since) if e.get("ResourceStatus", "").endswith("_FAILED")
-                  and e.get("ResourceType") != "AWS::CloudFormation::Stack"
-                  and "cancelled" not in str(e.get("ResourceStatusReason", "")).lower()), None)
-    if first is None:
-        first = next((e for e in events_since(cf, stack_id, since) if e.get("ResourceStatus", "").endswith("_FAILED")), None)
+    failed = [e for e in events_since(cf, stack_id, since) if e.get("ResourceStatus", "").endswith("_FAILED")]
+    first = next((e for e in failed if e.get("ResourceType") != "AWS::CloudFormation::Stack"
+                  and "cancelled" not in str(e.get("ResourceStatusReason", "")).lower()), failed[0] if failed else None)
     cause = (f"{first['LogicalResourceId']} ({first.get('ResourceType', '')}) {first['ResourceStatus']}: "
              f"{' '.join(str(first.get('ResourceStatusReason', 'no reason given')).split())}") if first else "no failed resource in its events"
     after = {"ROLLBACK_COMPLETE": "the stack rolled back and holds nothing: fix the cause, delete it (clustertrain cluster infra delete PROJECT) and deploy again",
@@ -314,7 +312,7 @@ def _record(project: "Project", cf: Any, name: str, body: str, template: dict[st
                        outputs=outputs, project=project.name,
                        updated=_dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
                        template_sha256=hashlib.sha256(body.encode()).hexdigest(),
-                       retained=[k for k, r in template["Resources"].items() if r.get("DeletionPolicy") in KEPT_POLICIES])
+                       retained=kept_resources(template))
     if project.file is not None:
         write_state(state_path(project.file), state)
     return state
@@ -359,12 +357,12 @@ def inspect(project: "Project", cf: Any = None) -> StackReport:
     except ConfigError:
         report.drift = []
     physical = {}
-    with _aws(f"list the resources of stack {name}"):
+    with aws_errors(f"list the resources of stack {name}"):
         for page in cf.get_paginator("list_stack_resources").paginate(StackName=stack["StackId"]):
             physical.update({r["LogicalResourceId"]: r.get("PhysicalResourceId", "") for r in page["StackResourceSummaries"]})
     report.resources = len(physical)
-    report.retained = [(k, r.get("Type", ""), physical.get(k, "")) for k, r in (old.get("Resources") or {}).items()
-                       if r.get("DeletionPolicy") in KEPT_POLICIES]
+    resources = old.get("Resources") or {}
+    report.retained = [(k, resources[k].get("Type", ""), physical.get(k, "")) for k in kept_resources(old)]
     return report
 
 
@@ -380,7 +378,7 @@ def delete(project: "Project", report: StackReport, *, echo: Echo = print, conso
     if stack["StackStatus"] != "REVIEW_IN_PROGRESS":
         _check_stack(project, stack, "deleted")
     started = _dt.datetime.now(_dt.timezone.utc) - _dt.timedelta(seconds=5)
-    with _aws(f"delete stack {report.stack_name}"):
+    with aws_errors(f"delete stack {report.stack_name}"):
         cf.delete_stack(StackName=stack["StackId"])
     final = follow(cf, stack["StackId"], started, max(report.resources, 1), echo, console, poll_s, verb="delete")
     if final["StackStatus"] != "DELETE_COMPLETE":

@@ -18,6 +18,7 @@ group and route, under a running cluster.
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -63,8 +64,6 @@ def create_only(resource_type: str, region: str = "us-east-1") -> tuple[str, ...
 
 def _refs(node: Any) -> set[str]:
     """Logical ids a template fragment refers to (Ref, Fn::GetAtt, ${X} / ${X.Attr} in Fn::Sub)."""
-    import re
-
     out: set[str] = set()
     if isinstance(node, dict):
         for k, v in node.items():

@@ -86,7 +86,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     from clustertrain.train.checkpoint import CheckpointManager
-    from clustertrain.train.state import TrainState, app_state
+    from clustertrain.train.checkpoint_state import TrainState, app_state
 
     model, opt = build_state(args.mb, args.device)
     size = state_bytes(model, opt)

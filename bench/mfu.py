@@ -128,7 +128,7 @@ def run_bare(arch, args, device) -> dict:
 
 def trainer_parts(arch, args, device):
     from clustertrain.train.config import ParallelismConfig, TrainingConfig
-    from clustertrain.train.layout import resolve_layout
+    from clustertrain.core.parallel_layout import resolve_layout
     from clustertrain.train.optim import build_optimizer
     from clustertrain.train.parallel import build_parallel_model
     from clustertrain.train.parallel.compile import check_compiler
@@ -173,7 +173,7 @@ def run_trainer(arch, args, device, ckpt_dir: Path | None = None) -> dict:
 def checkpoint_stall(pm, opt, layout, step, data, ckpt_dir: Path, device) -> dict:
     """Two async saves as the trainer makes them; the second is the steady state (staging buffers reused)."""
     from clustertrain.train.checkpoint import CheckpointManager
-    from clustertrain.train.state import TrainState, app_state
+    from clustertrain.train.checkpoint_state import TrainState, app_state
 
     mgr = CheckpointManager(ckpt_dir, keep_last=1000, fingerprint="bench", project="bench", model_name="m", rank=0,
                             world_size=1, layout=layout.to_dict())
@@ -223,7 +223,7 @@ def main() -> None:
     import torch
 
     from clustertrain.plan.memory import GiB, estimate_memory
-    from clustertrain.plan.shape import ModelShape
+    from clustertrain.core.model_shape import ModelShape
     from clustertrain.train.config import ArchConfig
     from clustertrain.train.metrics import peak_flops_for
     from clustertrain.train.model import GPT, flops_per_token
@@ -283,7 +283,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from clustertrain.errors import ClusterTrainError
+    from clustertrain.core.errors import ClusterTrainError
 
     try:
         main()

@@ -93,9 +93,9 @@ def rank_main(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from clustertrain.project import load_project
+    from clustertrain.resolve import load_project
     from clustertrain.train.config import ParallelismConfig, builtin_problems, microbatch_problems
-    from clustertrain.train.layout import resolve_layout
+    from clustertrain.core.parallel_layout import resolve_layout
     from clustertrain.train.model import loss_fn, padded_vocab
     from clustertrain.train.optim import build_optimizer, lr_at, set_lr
     from clustertrain.train.parallel import build_parallel_model

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from clustertrain.plan.calibrate import calibrate  # noqa: E402
-from clustertrain.project import load_project  # noqa: E402
+from clustertrain.resolve import load_project  # noqa: E402
 
 
 def main() -> int:

@@ -57,7 +57,7 @@ def wait_for(predicate, timeout: float, interval: float = 0.1):
 def submit(cluster, work: Path, name: str, steps: int, **env) -> tuple[Path, str, float]:
     from clustertrain.launch.config import LaunchConfig
     from clustertrain.launch.slurm import SlurmLauncher, submit_project
-    from clustertrain.project import load_project
+    from clustertrain.resolve import load_project
 
     path = work / f"{name}.yaml"
     path.write_text(PROJECT.format(name=name, root=json.dumps(str(work / "fsx")), steps=steps))
@@ -68,8 +68,8 @@ def submit(cluster, work: Path, name: str, steps: int, **env) -> tuple[Path, str
 
 
 def attempts(run: Path):
-    from clustertrain.monitor.records import read_usage
-    from clustertrain.rundir import RunPaths
+    from clustertrain.core.run_events import read_usage
+    from clustertrain.core.run_paths import RunPaths
 
     return read_usage(RunPaths(run)).attempts
 
@@ -87,8 +87,8 @@ def cold(cluster, work: Path, steps: int) -> float:
 
 
 def fault(cluster, work: Path, kind: str, steps: int) -> dict[str, float]:
-    from clustertrain.launch.jobs import read_end_marker
-    from clustertrain.rundir import RunPaths
+    from clustertrain.core.job_records import read_end_marker
+    from clustertrain.core.run_paths import RunPaths
 
     env = {"CLUSTERTRAIN_INJECT_HANG": "1:12"} if kind == "hang" else {}
     run, job, _ = submit(cluster, work, kind, steps, **env)

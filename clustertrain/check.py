@@ -1,13 +1,13 @@
 """``clustertrain check PROJECT``: one preflight that joins the stages.
 
-Each stage owns the rules about what it reads and returns :class:`~clustertrain.findings.Finding`
+Each stage owns the rules about what it reads and returns :class:`~clustertrain.core.findings.Finding`
 objects; this module only gathers them, in pipeline order, into one :class:`CheckReport`:
 
 =================  ==========================================================================
 section            what it checks (owner)
 =================  ==========================================================================
 layout             every path a job reads or writes is on a shared file system of the
-                   ``aws:`` section (:mod:`clustertrain.layout`)
+                   ``aws:`` section (:mod:`clustertrain.core.storage_layout`)
 cluster            ParallelCluster schema, pcluster's own offline validators and our rules on
                    the generated config; project-level ``aws:`` checks (:mod:`clustertrain.cloud.preflight`)
 plan               each model is feasible with its ``parallelism`` layout (:mod:`clustertrain.plan.preflight`)
@@ -36,8 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from clustertrain.errors import ClusterTrainError, ConfigError
-from clustertrain.findings import Finding
+from clustertrain.core.errors import ClusterTrainError, ConfigError
+from clustertrain.core.findings import Finding
 
 if TYPE_CHECKING:
     from clustertrain.project import Project
@@ -74,7 +74,7 @@ class CheckReport:
 
 
 def layout_findings(project: "Project") -> list[Finding]:
-    from clustertrain.layout import off_mount_problems
+    from clustertrain.core.storage_layout import off_mount_problems
 
     return [Finding("error", where, message, "put it on a shared file system of the aws: section")
             for where, message in off_mount_problems(project)]

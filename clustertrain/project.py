@@ -19,9 +19,9 @@ section                    model (module)
 ``image``                  ``ImageConfig`` (:mod:`clustertrain.image.config`)
 =========================  ==========================================
 
-Those section modules import only :mod:`clustertrain.schema` (never this module), so there is no cycle.
+Those section modules import only :mod:`clustertrain.core.schema` (never this module), so there is no cycle.
 
-Loading is strict (every section subclasses :class:`clustertrain.schema.StrictModel`: unknown keys
+Loading is strict (every section subclasses :class:`clustertrain.core.schema.StrictModel`: unknown keys
 are errors, so typos never pass silently); every field carries a description, which is also the
 reference documentation (``clustertrain config docs`` writes ``docs/project-file.md``) and the JSON
 Schema for editors (``clustertrain config schema``). Relative paths are resolved against the
@@ -45,13 +45,14 @@ from pydantic import Field, PrivateAttr, ValidationError, field_validator, model
 
 from clustertrain.cloud.config import AwsConfig
 from clustertrain.data.config import DataConfig
-from clustertrain.errors import ConfigError
+from clustertrain.core.errors import ConfigError
 from clustertrain.image.config import ImageConfig
 from clustertrain.launch.config import LaunchConfig
 from clustertrain.megatron.config import MegatronConfig
+from clustertrain.megatron.config import structure_problems as megatron_structure
 from clustertrain.monitor.config import MonitorConfig
 from clustertrain.plan.config import ModelPlanConfig, PlanConfig
-from clustertrain.schema import (
+from clustertrain.core.schema import (
     StrictModel, format_validation_error, leading_loc, read_yaml, require_mapping, validate_model,
 )
 from clustertrain.train.config import (
@@ -61,14 +62,14 @@ from clustertrain.train.config import (
     builtin_problems,
     microbatch_problems,
 )
-from clustertrain.train.layout import node_problems, pipeline_problems, structure_problems, world_problems
+from clustertrain.core.parallel_layout import node_problems, pipeline_problems, structure_problems, world_problems
 
 #: prefixes below aws.buckets.checkpoints / aws.buckets.data that runs write by default
 CHECKPOINT_PREFIX = "checkpoints"
 DATASET_PREFIX = "datasets"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 #: directory names a model's run directory could collide with when several kinds of data share one base
-#: (see :mod:`clustertrain.layout`, which derives every path from a project and so imports this module)
+#: (see :mod:`clustertrain.core.storage_layout`, which derives every path from a project and so imports this module)
 RESERVED_MODEL_NAMES = ("logs", "tensorboard", "validation", "datasets", "previous")
 
 
@@ -224,9 +225,7 @@ class ModelEntry(StrictModel):
         """(field, problem) for what this model's framework cannot run, whatever the cluster."""
         out = structure_problems(self.model, self.parallelism)
         if self.framework == "megatron":
-            from clustertrain.megatron.rules import structure_problems as megatron_structure
-
-            return out + megatron_structure(self)
+            return out + megatron_structure(self.model, self.parallelism, self.megatron_options)
         if self.megatron is not None:
             out.append(("megatron", "a megatron: section needs framework: megatron; set it, or remove the section"))
         if self.data.blend:
@@ -245,10 +244,11 @@ class ModelEntry(StrictModel):
 
 class Project(StrictModel):
     doc_reference: ClassVar[str] = "docs/project-file.md"
-    _file: Path | None = PrivateAttr(None)  # the file load_project read (None: built from a mapping)
-    _overrides: tuple[str, ...] = PrivateAttr(())  # the --set items load_project applied
+    _file: Path | None = PrivateAttr(None)  # the file read_project read (None: built from a mapping)
+    _overrides: tuple[str, ...] = PrivateAttr(())  # the --set items read_project applied
     _infra_state: Any = PrivateAttr(None)  # the cloud.state.InfraState beside the file (None: no stack deployed)
-    _filled_from_state: tuple[str, ...] = PrivateAttr(())  # aws fields load_project filled from it
+    _filled_from_state: tuple[str, ...] = PrivateAttr(())  # aws fields the resolver filled from it
+    _built_image: str | None = PrivateAttr(None)  # the image: section's .sqsh, named by the resolver
 
     name: str = Field(..., description="Project name.")
     cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Where and on what the models train.")
@@ -316,7 +316,7 @@ class Project(StrictModel):
     # ----- helpers used by several stages -----
     @property
     def file(self) -> Path | None:
-        """The project file :func:`load_project` read (None for a project built from a mapping)."""
+        """The project file :func:`read_project` read (None for a project built from a mapping)."""
         return self._file
 
     @property
@@ -325,12 +325,14 @@ class Project(StrictModel):
         (:class:`clustertrain.cloud.state.InfraState`), or None."""
         return self._infra_state
 
-    @property
-    def infra_state_path(self) -> Path | None:
-        """Where that state is (or would be) kept: ``NAME.infra.json`` beside the project file."""
-        from clustertrain.cloud.state import state_path
+    def attach_infra_state(self, state: Any, filled: tuple[str, ...]) -> None:
+        """The resolver's step (:func:`clustertrain.resolve.resolve`): the deployed stack's state beside the file, and the
+        ``aws`` fields it filled in."""
+        self._infra_state, self._filled_from_state = state, tuple(filled)
 
-        return state_path(self._file) if self._file is not None else None
+    def attach_built_image(self, sqsh: str | None) -> None:
+        """The resolver's step: the ``.sqsh`` that ``clustertrain image build`` writes for the ``image:`` section."""
+        self._built_image = sqsh
 
     @property
     def filled_from_state(self) -> tuple[str, ...]:
@@ -339,7 +341,7 @@ class Project(StrictModel):
 
     @property
     def overrides(self) -> tuple[str, ...]:
-        """The ``--set`` items :func:`load_project` applied to :attr:`file`, in order."""
+        """The ``--set`` items :func:`read_project` applied to :attr:`file`, in order."""
         return self._overrides
 
     @property
@@ -354,9 +356,10 @@ class Project(StrictModel):
         if self.cluster.container_image:
             return self.cluster.container_image
         if self.image is not None:
-            from clustertrain.image.paths import sqsh_path
-
-            return str(sqsh_path(self))
+            if self._built_image is None:
+                raise RuntimeError("Project.container_image read before clustertrain.resolve.resolve(project) "
+                                   "named the built image")
+            return self._built_image
         return None
 
     def model(self, name: str) -> ModelEntry:
@@ -375,8 +378,10 @@ class Project(StrictModel):
 # loading
 
 
-def load_project(path: str | Path, overrides: list[str] | None = None) -> Project:
-    """Read, override and validate a project file. Raises ConfigError with a one-line message."""
+def read_project(path: str | Path, overrides: list[str] | None = None) -> Project:
+    """Read, override and validate a project file (relative paths made absolute against it): the project as the file
+    describes it. Commands load it with :func:`clustertrain.resolve.load_project`, which adds what the other stages
+    derive (the deployed stack's outputs, the built image). Raises ConfigError with a one-line message."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: project file not found (pass the path to a YAML file, e.g. examples/quickstart.yaml)")
@@ -411,13 +416,6 @@ def load_project(path: str | Path, overrides: list[str] | None = None) -> Projec
                 holder.source = str(base / src)
         if m.data.tokenizer != "byte" and not Path(m.data.tokenizer.removeprefix("hf:")).is_absolute():
             m.data.tokenizer = str(base / m.data.tokenizer.removeprefix("hf:"))
-    if project.aws is not None:  # network ids and the policy ARN the file leaves out come from the deployed stack
-        from clustertrain.cloud.state import apply_state, read_state, state_path
-
-        state = read_state(state_path(path))
-        if state is not None:
-            project._infra_state = state
-            project._filled_from_state = tuple(apply_state(project.aws, state))
     return project
 
 

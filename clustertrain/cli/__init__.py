@@ -1,7 +1,7 @@
 """The `clustertrain` command: a thin face over the stages. Each command parses its options,
 loads the project, calls one library function, prints and sets the exit code.
 
-User mistakes (:class:`~clustertrain.errors.ClusterTrainError`) print one ``error:`` line and exit 2:
+User mistakes (:class:`~clustertrain.core.errors.ClusterTrainError`) print one ``error:`` line and exit 2:
 every app here is made by :func:`clustertrain.cli.common.command_group`, whose group class is the one
 place that does it (for the root app run by :func:`main` and for a sub-app run on its own).
 

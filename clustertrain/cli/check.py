@@ -10,8 +10,8 @@ from pathlib import Path
 
 import typer
 
-from clustertrain.errors import ConfigError
-from clustertrain.project import load_project
+from clustertrain.core.errors import ConfigError
+from clustertrain.resolve import load_project
 
 
 def check_command(

@@ -10,7 +10,8 @@ import typer
 from clustertrain.cli.cluster_lifecycle import register
 from clustertrain.cli.cluster_options import PollOpt, ProjectArg, SetOpt, YesOpt
 from clustertrain.cli.common import command_group
-from clustertrain.project import load_project
+from clustertrain.cloud.state import project_state_path
+from clustertrain.resolve import load_project
 
 app = command_group(
     help="AWS ParallelCluster: cluster config, CloudFormation infrastructure and node scripts from the project's `aws:` section.",
@@ -98,7 +99,7 @@ def infra_deploy_cmd(
     result = deploy(project, dry_run=dry_run, allow_replace=allow_replace, echo=typer.echo,
                     console=Console(stderr=True), poll_s=poll)
     if result.state is not None:
-        typer.echo(f"stack {result.stack_name}: {result.state.status}; outputs recorded in {project.infra_state_path}")
+        typer.echo(f"stack {result.stack_name}: {result.state.status}; outputs recorded in {project_state_path(project)}")
         for key, value in result.state.outputs.items():
             typer.echo(f"  {key:<24} {value}")
 
@@ -113,7 +114,7 @@ def infra_status_cmd(project_file: Path = ProjectArg, set_: list[str] = SetOpt) 
     report = inspect(project)
     state = project.infra_state
     if report.stack is None:
-        stale = f"; {project.infra_state_path} is stale (remove it)" if state is not None else ""
+        stale = f"; {project_state_path(project)} is stale (remove it)" if state is not None else ""
         typer.echo(f"stack {report.stack_name}: not deployed in {report.region}{stale}; deploy: clustertrain cluster infra deploy {project_file}")
         return
     st = report.stack
@@ -124,9 +125,9 @@ def infra_status_cmd(project_file: Path = ProjectArg, set_: list[str] = SetOpt) 
         fills = f"  -> {OUTPUT_FIELDS[key][0]}" if key in OUTPUT_FIELDS else ""
         typer.echo(f"  {key:<24} {value}{fills}")
     if state is None:
-        typer.echo(f"no state file ({project.infra_state_path}): deploy again to record the outputs")
+        typer.echo(f"no state file ({project_state_path(project)}): deploy again to record the outputs")
     elif state.outputs != report.outputs:
-        typer.echo(f"{project.infra_state_path} differs from the stack's outputs: deploy again to record them")
+        typer.echo(f"{project_state_path(project)} differs from the stack's outputs: deploy again to record them")
     if report.drift:
         typer.echo(f"the project differs from the deployed stack: a deploy would make {len(report.drift)} change(s):")
         for c in report.drift:
@@ -157,9 +158,9 @@ def infra_delete_cmd(
     project = load_project(project_file, set_)
     report = inspect(project)
     if report.stack is None:
-        if project.infra_state is not None and project.infra_state_path is not None:
-            project.infra_state_path.unlink(missing_ok=True)
-            typer.echo(f"removed the stale {project.infra_state_path}")
+        if project.infra_state is not None and project_state_path(project) is not None:
+            project_state_path(project).unlink(missing_ok=True)
+            typer.echo(f"removed the stale {project_state_path(project)}")
         typer.echo(f"there is no stack {report.stack_name} in {report.region}: nothing to delete")
         return
     plan = plan_teardown(report, delete_fs, shlex.join(["clustertrain", "cluster", "infra", "delete", str(project_file)]))
@@ -169,7 +170,7 @@ def infra_delete_cmd(
     if plan.file_systems:
         delete_all(plan.file_systems, report.region, echo=typer.echo, poll_s=poll)
     delete(project, report, echo=typer.echo, console=Console(stderr=True), poll_s=poll)
-    typer.echo(f"deleted stack {report.stack_name}; removed {project.infra_state_path}")
+    typer.echo(f"deleted stack {report.stack_name}; removed {project_state_path(project)}")
     for logical, rtype, physical in plan.kept:
         typer.echo(retained_line(logical, rtype, physical))
 

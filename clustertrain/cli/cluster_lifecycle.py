@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from clustertrain.cli.cluster_options import ProjectArg, SetOpt, YesOpt
-from clustertrain.project import load_project
+from clustertrain.resolve import load_project
 
 DryRunOpt = typer.Option(False, "--dry-run", help="Print every command it would run, one per line; run and write nothing.")
 SuppressOpt = typer.Option(

@@ -2,7 +2,7 @@
 
 Every typer app of the CLI — the root ``clustertrain`` app and each sub-app (``config``, ``cluster``,
 ``data`` ...) — is made by :func:`command_group`, whose click group class :class:`CommandGroup` turns a
-:class:`~clustertrain.errors.ClusterTrainError` raised anywhere below it into ``error: <message>`` on
+:class:`~clustertrain.core.errors.ClusterTrainError` raised anywhere below it into ``error: <message>`` on
 stderr and the error's exit code (2). That is the one place: :func:`clustertrain.cli.main` runs the root
 app through it, and a sub-app run on its own (``CliRunner().invoke(sub_app, ...)``, ``python -c
 "from clustertrain.cli.storage import app; app()"``) gets the same behaviour. Commands therefore just
@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import typer
 from typer.core import TyperGroup
 
-from clustertrain.errors import ClusterTrainError
+from clustertrain.core.errors import ClusterTrainError
 
 DEBUG_ENV = "CLUSTERTRAIN_DEBUG"
 

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from clustertrain.cli.common import command_group
-from clustertrain.rundir import write_atomic
+from clustertrain.core.run_paths import write_atomic
 
 app = command_group(help="Inspect project files; write their reference documentation and JSON Schema.")
 OutputOpt = typer.Option(None, "-o", "--output", help="Write here (atomically) instead of stdout.")
@@ -21,7 +21,8 @@ def show(
     set_: list[str] = typer.Option([], "--set", help="Override a field (dotted key=value)."),
 ) -> None:
     """Validate a project file and print it with every default filled in."""
-    from clustertrain.project import dump_project, load_project
+    from clustertrain.project import dump_project
+    from clustertrain.resolve import load_project
 
     typer.echo(dump_project(load_project(project_file, set_)), nl=False)
 

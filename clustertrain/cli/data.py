@@ -110,7 +110,7 @@ def tokenizer_config_cmd(
     """Write tokenizer_config.json beside TOKENIZER_JSON so that Megatron-LM (--tokenizer-type HuggingFaceTokenizer,
     transformers' AutoTokenizer) loads its directory with our end-of-document token; never overwrites a different one."""
     from clustertrain.data.tokenizers import HFTokenizer, write_tokenizer_config
-    from clustertrain.errors import ConfigError
+    from clustertrain.core.errors import ConfigError
 
     path = Path(str(tokenizer_json).removeprefix("hf:"))
     if path.is_dir():

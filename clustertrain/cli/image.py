@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from clustertrain.cli.common import command_group
-from clustertrain.project import load_project
+from clustertrain.resolve import load_project
 
 app = command_group(help="The training image: render its recipe, build it (docker + enroot), check it on a node.")
 

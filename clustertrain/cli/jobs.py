@@ -15,7 +15,7 @@ from typing import Optional
 
 import typer
 
-from clustertrain.project import load_project
+from clustertrain.resolve import load_project
 
 SET_HELP = "Override a project field, e.g. --set models.0.training.max_steps=40 (repeatable)."
 _PROJECT = typer.Argument(..., help="Project file (YAML).")
@@ -37,7 +37,7 @@ def _runs(project_file: Path, model: Optional[str], run_dir: Optional[Path], set
 
 def _run_paths(project, model: Optional[str], run_dir: Optional[Path]):
     from clustertrain.launch.prepare import run_dir_for
-    from clustertrain.rundir import RunPaths
+    from clustertrain.core.run_paths import RunPaths
 
     entries = [project.model(model)] if model else list(project.models)
     return [(e.name, RunPaths(run_dir_for(project, e, run_dir, len(entries) > 1))) for e in entries]
@@ -123,7 +123,7 @@ def logs(
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines until the job has ended."),
 ) -> None:
     """Print (or follow) the Slurm output file of a model's job."""
-    from clustertrain.errors import LaunchError
+    from clustertrain.core.errors import LaunchError
     from clustertrain.launch import SlurmLauncher
 
     runs = _runs(project_file, model, run_dir, set_)

@@ -22,8 +22,8 @@ import typer
 
 from clustertrain.cli.common import command_group
 from clustertrain.cli.jobs import SET_HELP
-from clustertrain.errors import ConfigError, RunDirError
-from clustertrain.project import load_project
+from clustertrain.core.errors import ConfigError, RunDirError
+from clustertrain.resolve import load_project
 
 if TYPE_CHECKING:
     from clustertrain.monitor.suspects import Suspect
@@ -105,7 +105,7 @@ def node_names(args: list[str]) -> list[str]:
     """The node names of ``args``, hostlist brackets expanded; one ConfigError line for a name that cannot be one
     (the batch script takes only what :data:`clustertrain.launch.sbatch.NODE_NAME_RE` allows)."""
     from clustertrain.launch.sbatch import NODE_NAME_RE
-    from clustertrain.ranks import expand_hostlist
+    from clustertrain.core.ranks import expand_hostlist
 
     names: list[str] = []
     for arg in args:
@@ -122,7 +122,7 @@ def node_names(args: list[str]) -> list[str]:
 def suspects_file(project: "Project") -> Path:
     """The project's list; refused when it lies on a cluster mount this machine does not have (reading would say
     "none", writing would make a local file no job reads)."""
-    from clustertrain.layout import mount_of, storage_layout
+    from clustertrain.core.storage_layout import mount_of, storage_layout
 
     layout = storage_layout(project)
     path = layout.suspects_file()

@@ -11,8 +11,8 @@ from typing import Literal
 
 import typer
 
-from clustertrain.errors import ConfigError
-from clustertrain.project import load_project
+from clustertrain.core.errors import ConfigError
+from clustertrain.resolve import load_project
 
 Format = Literal["table", "json", "markdown"]  # clustertrain.plan.render.FORMATS
 

@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from clustertrain.cli.jobs import SET_HELP
-from clustertrain.project import load_project
+from clustertrain.resolve import load_project
 
 
 def rehearse_command(
@@ -25,9 +25,9 @@ def rehearse_command(
     """Boot an emulated copy of the project's ParallelCluster (one mount namespace per node, the project's own node
     scripts in ParallelCluster's boot order), submit every model's real batch script on its head node with a light
     payload on every rank, check what the ranks saw, tear it all down. Exit 1 when a check fails."""
-    from clustertrain.launch.rehearsal.report import render_table, summary_line
-    from clustertrain.launch.rehearsal.run import RehearseOptions, rehearse
-    from clustertrain.launch.rehearsal.shape import with_nodes
+    from clustertrain.rehearsal.report import render_table, summary_line
+    from clustertrain.rehearsal.run import RehearseOptions, rehearse
+    from clustertrain.rehearsal.shape import with_nodes
 
     project = load_project(project_file, set_)
     if nodes is not None:

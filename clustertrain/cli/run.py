@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from clustertrain.project import load_project
+from clustertrain.resolve import load_project
 
 SET_HELP = "Override a project field, e.g. --set models.0.training.max_steps=40 (repeatable)."
 
@@ -49,9 +49,9 @@ def run(
 
 
 def _backup_failures(console: Console, run_dir: Path) -> None:
-    """Say so when a checkpoint backup failed (the run itself completed; see clustertrain.train.backup)."""
-    from clustertrain.rundir import RunPaths
-    from clustertrain.runstate import BackupState, read_status
+    """Say so when a checkpoint backup failed (the run itself completed; see clustertrain.train.checkpoint_backup)."""
+    from clustertrain.core.run_paths import RunPaths
+    from clustertrain.core.run_records import BackupState, read_status
 
     status = read_status(RunPaths(run_dir))
     failed = [b for b in (status.backups if status else []) if b.state == BackupState.FAILED]
@@ -80,8 +80,8 @@ def watchdog(
     offset: int = typer.Option(0, "--offset", help="Where this start of the job begins in --output (bytes)."),
 ) -> None:
     """A Slurm job's hang watchdog (started by the batch script as a step beside the ranks — not by hand)."""
-    from clustertrain.monitor.watchdog import Watchdog, placement, serve
-    from clustertrain.rundir import RunPaths
+    from clustertrain.monitor.hang_watchdog import Watchdog, placement, serve
+    from clustertrain.core.run_paths import RunPaths
     from clustertrain.train.entry import load_resolved
 
     paths = RunPaths(run_dir)

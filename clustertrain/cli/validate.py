@@ -11,7 +11,7 @@ import typer
 from pydantic import ValidationError
 
 from clustertrain.cli.common import command_group
-from clustertrain.errors import ClusterTrainError
+from clustertrain.core.errors import ClusterTrainError
 
 app = command_group("Validate a cluster: environment scans, NCCL/gloo collectives, storage, benchmark logs.")
 
@@ -75,8 +75,8 @@ def collectives(
     csv_file: Annotated[Path | None, typer.Option("--csv", help="Also write CSV rows to this file.")] = None,
 ) -> None:
     """Benchmark collectives with correctness checks; exit 1 when any op fails or hangs."""
-    from clustertrain.rundir import write_atomic
-    from clustertrain.schema import load_yaml_model
+    from clustertrain.core.run_paths import write_atomic
+    from clustertrain.core.schema import load_yaml_model
     from clustertrain.validate import (
         CollectivesConfig, ValidateError, collectives_csv, collectives_table, job_env, parse_size, run_collectives,
     )
@@ -148,7 +148,7 @@ def storage(
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Sequential write/read throughput and create/stat/unlink rates per path; exit 1 on failure."""
-    from clustertrain.schema import load_yaml_model
+    from clustertrain.core.schema import load_yaml_model
     from clustertrain.validate import StorageBenchConfig, ValidateError, parse_size, run_storage_bench, storage_table
 
     _refuse_with_config(ctx, config, ("size", "files", "engine", "cache"))
@@ -192,7 +192,7 @@ def suite(
     """Run smoke, GPU/EFA, collectives and storage checks as Slurm jobs; one report; exit 1 when a check fails."""
     from clustertrain.check import require_clean
     from clustertrain.launch.batch import partition_nodes
-    from clustertrain.project import load_project
+    from clustertrain.resolve import load_project
     from clustertrain.validate import CollectivesConfig, StorageBenchConfig, ValidateError, parse_size
     from clustertrain.validate import suite as s
 

@@ -18,7 +18,7 @@ imports nothing at import time):
 Modules here never import clustertrain.project at import time (project.py imports cloud.config).
 """
 
-from clustertrain.lazy import lazy_exports
+from clustertrain.core.lazy import lazy_exports
 
 _PUBLIC = {
     "InstanceCatalog": "clustertrain.cloud.catalog",

@@ -1,6 +1,6 @@
 """Project-file section owned by the cloud stage: ``aws:`` (ParallelCluster, infrastructure).
 
-It imports nothing from clustertrain but :mod:`clustertrain.schema` (the strict base) and
+It imports nothing from clustertrain but :mod:`clustertrain.core.schema` (the strict base) and
 :mod:`clustertrain.cloud.limits`, so project.py can compose it. Facts that are pure arithmetic on the
 documented AWS limits (FSx for Lustre capacity steps and throughput tiers, ParallelCluster name rules)
 live in :mod:`clustertrain.cloud.limits`, so the project-file validators and the rules for hand-written
@@ -20,7 +20,7 @@ from clustertrain.cloud.limits import (
     QUEUE_NAME_RE, RESOURCE_NAME_RE, SG_ID_RE, SUBNET_ID_RE, SUPPORTED_OS, check_mount_dir, fsx_capacity_problem,
     fsx_throughput_problem,
 )
-from clustertrain.schema import StrictModel
+from clustertrain.core.schema import StrictModel
 
 __all__ = [
     "AwsConfig", "BucketsConfig", "EbsConfig", "EnrootConfig", "FsxConfig", "HeadNodeConfig", "MonitoringConfig",

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from clustertrain.cloud.stack import aws_errors
-from clustertrain.errors import CloudError
+from clustertrain.core.errors import CloudError
 
 if TYPE_CHECKING:
     from clustertrain.cloud.stack import StackReport

@@ -1,7 +1,7 @@
 """Generate the cloud artefacts from a project and write them only when they are valid.
 
 Each function builds the value in memory, checks it, and only then writes (temp file + rename):
-a project with mistakes raises :class:`~clustertrain.errors.ConfigError` and leaves no file.
+a project with mistakes raises :class:`~clustertrain.core.errors.ConfigError` and leaves no file.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from clustertrain.cloud.pcluster import build_cluster_config, cluster_name, rend
 from clustertrain.cloud.scripts import render_node_scripts, write_node_scripts
 from clustertrain.cloud.preflight import cloud_report
 from clustertrain.cloud.validate import ValidationReport
-from clustertrain.errors import ConfigError
-from clustertrain.rundir import write_atomic
+from clustertrain.core.errors import ConfigError
+from clustertrain.core.run_paths import write_atomic
 
 if TYPE_CHECKING:
     from clustertrain.project import Project

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from clustertrain.cloud.pcluster import dump_yaml
 from clustertrain.cloud.project_rules import bucket_of, checkpoint_bucket, data_bucket, prefix_of, require_aws, scripts_uri
 from clustertrain.cloud.state import fsx_logical_id, fsx_output
-from clustertrain.errors import ConfigError
+from clustertrain.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from clustertrain.project import Project

@@ -51,8 +51,8 @@ from typing import TYPE_CHECKING, Any
 
 from clustertrain.cloud.pcluster import build_cluster_config, cluster_name, render_cluster_config, require_aws, scripts_uri
 from clustertrain.cloud.scripts import render_node_scripts, upload_command, write_node_scripts
-from clustertrain.errors import CloudError, ConfigError
-from clustertrain.rundir import write_atomic
+from clustertrain.core.errors import CloudError, ConfigError
+from clustertrain.core.run_paths import write_atomic
 
 if TYPE_CHECKING:
     from clustertrain.project import Project

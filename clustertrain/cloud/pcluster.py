@@ -24,7 +24,7 @@ from clustertrain.cloud.project_rules import (  # noqa: F401 - re-exported: scri
 )
 from clustertrain.cloud.config import AwsConfig
 from clustertrain.cloud.state import deployed_fsx_id
-from clustertrain.errors import ConfigError
+from clustertrain.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from clustertrain.project import Project

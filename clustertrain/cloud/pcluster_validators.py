@@ -4,7 +4,7 @@
 (describe subnets, instance types, capacity reservations). The ones listed in :data:`PURE` make no
 AWS call: they read only the loaded config. We call them with the arguments ParallelCluster's own
 ``_register_validators`` passes (``pcluster/config/cluster_config.py`` 3.16.1) rather than
-re-writing them; each result becomes a :class:`~clustertrain.findings.Finding` at the YAML path it
+re-writing them; each result becomes a :class:`~clustertrain.core.findings.Finding` at the YAML path it
 is about, with ``source="aws-parallelcluster"``.
 
 Not run (they need AWS): ``PlacementGroupCapacityReservationValidator`` (a placement group beside a
@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from clustertrain.findings import Finding
+from clustertrain.core.findings import Finding
 
 #: validator class name -> what it checks (the ones called here; all in pcluster/validators/*.py)
 PURE = {

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from clustertrain.findings import Finding
+from clustertrain.core.findings import Finding
 
 NodeKind = Literal["head", "compute"]
 

@@ -30,8 +30,8 @@ from clustertrain.cloud.project_rules import deploy_fix, project_findings
 from clustertrain.cloud.state import OUTPUT_FIELDS
 from clustertrain.cloud.rules import DOC_ID_MESSAGE
 from clustertrain.cloud.validate import ValidationReport, is_project, read_cluster_config, validate_cluster_config
-from clustertrain.errors import ClusterTrainError
-from clustertrain.findings import Finding
+from clustertrain.core.errors import ClusterTrainError
+from clustertrain.core.findings import Finding
 
 if TYPE_CHECKING:
     from clustertrain.project import Project
@@ -122,7 +122,10 @@ def validate_file(path: Path, overrides: list[str] | None = None, use_schema: bo
     :func:`cloud_report` finds: project fields, generated config, one finding per problem)."""
     raw = read_cluster_config(Path(path))
     if is_project(raw):
-        from clustertrain.project import load_project  # project.py imports cloud.config: not at import time
+        from clustertrain.cloud.state import attach_state
+        from clustertrain.project import read_project  # project.py imports cloud.config: not at import time
 
-        return cloud_report(load_project(path, overrides), use_schema=use_schema)
+        project = read_project(path, overrides)
+        attach_state(project)  # the resolver's cloud step: the deployed stack's outputs
+        return cloud_report(project, use_schema=use_schema)
     return validate_cluster_config(raw, use_schema=use_schema)

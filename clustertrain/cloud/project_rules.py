@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 
 from clustertrain.cloud.catalog import InstanceCatalog, load_catalog
 from clustertrain.cloud.config import OS_DEFAULT_USER, AwsConfig
-from clustertrain.cloud.state import deployed_fsx_id, fsx_output, state_findings
-from clustertrain.errors import ConfigError
-from clustertrain.findings import Finding
+from clustertrain.cloud.state import deployed_fsx_id, fsx_output, project_state_path, state_findings
+from clustertrain.core.errors import ConfigError
+from clustertrain.core.findings import Finding
 
 if TYPE_CHECKING:
     from clustertrain.project import Project
@@ -93,7 +93,7 @@ def deploy_fix(project: "Project", output: str = "") -> str:
     import shlex
 
     cmd = shlex.join(["clustertrain", "cluster", "infra", "deploy", str(project.file) if project.file else "PROJECT"])
-    where = f", recorded in {project.infra_state_path}," if project.infra_state_path else ""
+    where = f", recorded in {project_state_path(project)}," if project_state_path(project) else ""
     return f"run `{cmd}`: the stack's {output + ' ' if output else ''}output{where} fills it"
 
 

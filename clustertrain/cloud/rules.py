@@ -14,7 +14,7 @@ from typing import Any
 
 from clustertrain.cloud.catalog import INSTANCE_TYPE_RE, InstanceCatalog, load_catalog
 from clustertrain.cloud.phases import phase_findings
-from clustertrain.findings import Finding, Level  # noqa: F401 - re-exported for cloud's callers
+from clustertrain.core.findings import Finding, Level  # noqa: F401 - re-exported for cloud's callers
 from clustertrain.cloud.config import (
     FSX_DEPLOYMENT_TYPES,
     QUEUE_NAME_RE,

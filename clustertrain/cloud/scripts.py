@@ -1,12 +1,12 @@
 """Node setup scripts rendered from the project (templates in ``cloud/templates/*.sh.j2``).
 
 Every value rendered into shell goes through ``shlex.quote`` (the ``q`` filter of the one Jinja
-environment, :mod:`clustertrain.templating`). Scripts are rendered to memory first
-(:func:`render_node_scripts`), then written file by file with :func:`clustertrain.rundir.write_atomic`
+environment, :mod:`clustertrain.core.templating`). Scripts are rendered to memory first
+(:func:`render_node_scripts`), then written file by file with :func:`clustertrain.core.run_paths.write_atomic`
 (:func:`write_node_scripts`), so a bad project never leaves a half-written directory.
 
 Directories on the shared file systems: ``setup-dirs.sh`` creates exactly what the jobs use, as
-:mod:`clustertrain.layout` derives it from the project (``aws.fsx[].holds`` says which file system
+:mod:`clustertrain.core.storage_layout` derives it from the project (``aws.fsx[].holds`` says which file system
 holds which kind of data).
 """
 
@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from clustertrain.cloud.pcluster import COMPUTE_SCRIPT, HEAD_SCRIPT, SETUP_DIRS_SCRIPT, dir_owner, require_aws, scripts_uri
-from clustertrain.errors import ConfigError
-from clustertrain.layout import off_mount_problems, project_dirs
-from clustertrain.rundir import write_atomic
-from clustertrain.templating import render
+from clustertrain.core.errors import ConfigError
+from clustertrain.core.storage_layout import off_mount_problems, project_dirs
+from clustertrain.core.run_paths import write_atomic
+from clustertrain.core.templating import render
 
 if TYPE_CHECKING:
     from clustertrain.project import Project
@@ -30,7 +30,7 @@ TEMPLATES = Path(__file__).with_name("templates")
 
 def model_dirs(project: "Project", allow_off_mount: bool = False) -> list[str]:
     """Every directory setup-dirs.sh creates, parents before children: exactly the directories the
-    project's jobs use (:func:`clustertrain.layout.project_dirs`). A directory off the shared file systems is
+    project's jobs use (:func:`clustertrain.core.storage_layout.project_dirs`). A directory off the shared file systems is
     refused, unless ``allow_off_mount`` (the rehearsal runs such a project to show where it breaks)."""
     aws = require_aws(project)
     if not aws.layout():

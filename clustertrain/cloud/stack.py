@@ -29,8 +29,8 @@ from clustertrain.cloud.changeset import GUARDED, Change, from_aws, merge, predi
 from clustertrain.cloud.infra import build_infra_template, kept_resources, render_infra_template
 from clustertrain.cloud.pcluster import cluster_name
 from clustertrain.cloud.project_rules import require_aws
-from clustertrain.cloud.state import InfraState, state_path, write_state
-from clustertrain.errors import CloudError, ConfigError
+from clustertrain.cloud.state import InfraState, project_state_path, state_path, write_state
+from clustertrain.core.errors import CloudError, ConfigError
 
 if TYPE_CHECKING:
     from clustertrain.project import Project
@@ -108,7 +108,7 @@ def _check_state(project: "Project", name: str) -> None:
     aws, state = require_aws(project), project.infra_state
     if state is None:
         return
-    where = project.infra_state_path
+    where = project_state_path(project)
     if state.region != aws.region:
         raise CloudError(f"region mismatch: {where} records stack {state.stack_name} in {state.region}, but aws.region is {aws.region}; "
                          f"set aws.region back to {state.region}, or delete that stack first "

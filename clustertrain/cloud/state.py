@@ -39,8 +39,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clustertrain.errors import ConfigError
-from clustertrain.findings import Finding
+from clustertrain.core.errors import ConfigError
+from clustertrain.core.findings import Finding
 
 if TYPE_CHECKING:
     from clustertrain.cloud.config import AwsConfig
@@ -104,6 +104,22 @@ def state_path(project_file: Path) -> Path:
     return project_file.with_name(project_file.stem + STATE_SUFFIX)
 
 
+def project_state_path(project: "Project") -> Path | None:
+    """Where the project's state is (or would be) kept: ``NAME.infra.json`` beside its file (None: no file)."""
+    return state_path(project.file) if project.file is not None else None
+
+
+def attach_state(project: "Project") -> None:
+    """The resolver's infrastructure step (:func:`clustertrain.resolve.resolve`): the network ids and the policy ARN
+    the project file leaves out come from the deployed stack's state beside the file, which the project keeps."""
+    path = project_state_path(project)
+    if project.aws is None or path is None:
+        return
+    state = read_state(path)
+    if state is not None:
+        project.attach_infra_state(state, tuple(apply_state(project.aws, state)))
+
+
 def read_state(path: Path) -> InfraState | None:
     """The state at ``path``; None when there is none. A damaged file is one ConfigError line."""
     path = Path(path)
@@ -127,7 +143,7 @@ def read_state(path: Path) -> InfraState | None:
 
 
 def write_state(path: Path, state: InfraState) -> None:
-    from clustertrain.rundir import write_atomic
+    from clustertrain.core.run_paths import write_atomic
 
     write_atomic(Path(path), state.to_json())
 
@@ -161,7 +177,7 @@ def state_findings(project: "Project") -> list[Finding]:
     aws = project.aws
     if state is None or aws is None:
         return []
-    where = project.infra_state_path
+    where = project_state_path(project)
     if state.region != aws.region:
         return [Finding("error", "aws.region",
                         f"{aws.region} differs from the region of the deployed stack {state.stack_name} ({state.region}, recorded in {where})",

@@ -3,7 +3,7 @@
 
 The schema is ``pcluster.schemas.cluster_schema.ClusterSchema(...).load(config)``: pure marshmallow,
 no AWS calls. On the loaded config we run ParallelCluster's validators that make no AWS call
-(:mod:`clustertrain.cloud.pcluster_validators`). Messages become :class:`~clustertrain.findings.Finding`
+(:mod:`clustertrain.cloud.pcluster_validators`). Messages become :class:`~clustertrain.core.findings.Finding`
 objects with the same YAML paths as ours; :func:`merge_findings` keeps one per problem.
 """
 
@@ -20,8 +20,8 @@ from typing import Any
 
 from clustertrain.cloud.catalog import InstanceCatalog
 from clustertrain.cloud.rules import Finding, check_cluster_config
-from clustertrain.errors import ConfigError
-from clustertrain.schema import read_yaml, require_mapping
+from clustertrain.core.errors import ConfigError
+from clustertrain.core.schema import read_yaml, require_mapping
 
 SCHEMA_FIXES = {
     "Unknown field.": "remove it or move it where it belongs (see the ParallelCluster 3 configuration reference)",

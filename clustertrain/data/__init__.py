@@ -8,7 +8,7 @@ Public API (imported lazily: numpy and tokenizers load only when a name below is
 ``iter_texts`` (inputs), ``GPTSamples`` (sample_index), ``DatasetReport``, ``validate_dataset`` (validate).
 """
 
-from clustertrain.lazy import lazy_exports
+from clustertrain.core.lazy import lazy_exports
 
 _PUBLIC = {
     "IndexedDataset": "clustertrain.data.indexed",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from clustertrain.schema import StrictModel
+from clustertrain.core.schema import StrictModel
 
 
 class BlendSource(StrictModel):

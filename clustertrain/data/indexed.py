@@ -29,7 +29,7 @@ The token dtype follows Megatron's preprocessing: uint16 when the vocabulary has
 Reading. :class:`IndexedDataset` maps both files; training reads tokens with :meth:`IndexedDataset.read`,
 a positional read (``os.pread``) of the ``.bin`` rather than its memory map: touching a mapping past the end
 of a file truncated under a running job kills the process with SIGBUS (no message, no traceback), while a short
-read is one :class:`~clustertrain.errors.DataError` line naming the file and its sizes. Opening a ``.bin``
+read is one :class:`~clustertrain.core.errors.DataError` line naming the file and its sizes. Opening a ``.bin``
 shorter than its index says is refused the same way. ``python bench/data_read.py`` measures the cost against
 the memory map (docs/training.md, "Storage failures").
 
@@ -50,8 +50,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from clustertrain.errors import DataError
-from clustertrain.rundir import fsync_dir
+from clustertrain.core.errors import DataError
+from clustertrain.core.run_paths import fsync_dir
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Iterable, Iterator
 
-from clustertrain.errors import DataError
+from clustertrain.core.errors import DataError
 
 BLOCK = 1 << 18  # small enough to balance slow (BPE) tokenizers across workers
 JSON_SUFFIXES = (".jsonl", ".json")

@@ -38,8 +38,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from clustertrain.errors import ClusterTrainError
-from clustertrain.findings import Finding
+from clustertrain.core.errors import ClusterTrainError
+from clustertrain.core.findings import Finding
 
 if TYPE_CHECKING:
     from clustertrain.project import ModelEntry, Project
@@ -52,7 +52,7 @@ that returns fall off fast."""
 
 def data_findings(project: "Project") -> list[Finding]:
     """Findings about every model's data (see the module docstring). Never raises for a user mistake."""
-    from clustertrain.layout import storage_layout
+    from clustertrain.core.storage_layout import storage_layout
 
     layout = storage_layout(project)
     found: list[tuple[str, Finding]] = []
@@ -241,7 +241,7 @@ def _bucket_findings(project: "Project", url: str, where: str) -> list[Finding]:
 
 
 def _mount(path: str, mounts: tuple[str, ...]) -> str | None:
-    from clustertrain.layout import mount_of
+    from clustertrain.core.storage_layout import mount_of
 
     return mount_of(path, mounts) if mounts else None
 

@@ -60,8 +60,8 @@ from clustertrain.data.indexed import IndexedWriter, bin_path, idx_path, token_d
 from clustertrain.data.fastbpe import EncoderChoice, choose_encoder
 from clustertrain.data.inputs import BLOCK, Block, blocks, head_texts, parse_block, resolve_inputs
 from clustertrain.data.tokenizers import Tokenizer, encode_flat, load_tokenizer
-from clustertrain.errors import DataError
-from clustertrain.rundir import write_atomic
+from clustertrain.core.errors import DataError
+from clustertrain.core.run_paths import write_atomic
 
 FORMAT = "clustertrain-indexed"
 ENCODERS = ("auto", "reference")

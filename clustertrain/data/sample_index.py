@@ -35,7 +35,7 @@ Intended differences from Megatron:
   ``sum of one-epoch sample counts`` blended samples (Megatron requires a size).
 * Samples are returned as token ids only (no masks or position ids; the trainer derives them).
 * Given the tokenizer's ``vocab_size``, :meth:`GPTSamples.batch` refuses a token id outside
-  ``[0, vocab_size)`` in one :class:`~clustertrain.errors.DataError` line naming the file (a corrupt file,
+  ``[0, vocab_size)`` in one :class:`~clustertrain.core.errors.DataError` line naming the file (a corrupt file,
   or one prepared with another tokenizer), where a model would index past its embedding or silently train on
   rows no token owns. Tokens are read with :meth:`IndexedDataset.read` (positional reads: a file truncated
   under the running job is one line too, not a SIGBUS).
@@ -60,8 +60,8 @@ from typing import Sequence
 import numpy as np
 
 from clustertrain.data.indexed import IndexedDataset, idx_path
-from clustertrain.errors import DataError
-from clustertrain.rundir import write_atomic
+from clustertrain.core.errors import DataError
+from clustertrain.core.run_paths import write_atomic
 
 INDEX_VERSION = 1
 PARTS = ("train", "valid", "test")

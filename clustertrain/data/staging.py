@@ -25,7 +25,7 @@ from clustertrain.data.indexed import IndexedDataset
 from clustertrain.data.preprocess import prepare_dataset, resolve_inputs
 from clustertrain.data.tokenizers import load_tokenizer
 from clustertrain.data.validate import validate_dataset
-from clustertrain.errors import DataError
+from clustertrain.core.errors import DataError
 from clustertrain.data.config import DataConfig
 
 BUILTIN = {"builtin:shakespeare": "shakespeare.jsonl.gz"}

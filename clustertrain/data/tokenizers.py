@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Protocol, Sequence
 
 from clustertrain.data.inputs import iter_texts, resolve_inputs
-from clustertrain.errors import ConfigError, DataError
-from clustertrain.rundir import write_atomic
+from clustertrain.core.errors import ConfigError, DataError
+from clustertrain.core.run_paths import write_atomic
 
 if TYPE_CHECKING:
     import numpy as np
@@ -251,3 +251,11 @@ def train_tokenizer(files: Iterable[str | os.PathLike], vocab_size: int, output:
     if config is not None:
         _write_config(config, tokenizer_config(trained.eod_token))
     return trained
+
+
+def model_vocab(arch, tokenizer: str) -> int:
+    """The model's vocabulary as the trainer computes it: the configured one, or the tokenizer's rounded
+    up to a multiple of 64 (``clustertrain.train.model.padded_vocab``; the test checks they agree)."""
+    if arch.vocab is not None:
+        return arch.vocab
+    return (load_tokenizer(tokenizer).vocab_size + 63) // 64 * 64

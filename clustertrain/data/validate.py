@@ -29,7 +29,7 @@ import numpy as np
 
 from clustertrain.data.indexed import DTYPE_CODES, HEADER_SIZE, MAGIC, VERSION, bin_path, idx_path
 from clustertrain.data.preprocess import read_manifest, sha256_file
-from clustertrain.errors import DataError
+from clustertrain.core.errors import DataError
 
 SAMPLE_LIMIT = 64 << 20
 HASH_LIMIT = 1 << 30

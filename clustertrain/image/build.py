@@ -35,11 +35,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clustertrain.errors import ImageError
+from clustertrain.core.errors import ImageError
 from clustertrain.image.paths import ImageRef, image_ref
 from clustertrain.image.squashfs import verify_sqsh
 from clustertrain.image.versions import check_versions, load_compat, load_versions
-from clustertrain.layout import mount_of, off_mount_problems, storage_layout
+from clustertrain.core.storage_layout import mount_of, off_mount_problems, storage_layout
 
 if TYPE_CHECKING:
     from clustertrain.project import Project

@@ -33,7 +33,7 @@ anything else gives the job's state and its last stderr lines.
 
 ``image-check.json`` (:class:`ImageCheckReport`, ``format_version`` 1), written last and atomically into the
 job's directory: project, image checked (None: the host), container, job id, final state, node, directory,
-rows, failed, message. Read back leniently (:class:`~clustertrain.schema.StoredModel`).
+rows, failed, message. Read back leniently (:class:`~clustertrain.core.schema.StoredModel`).
 """
 
 from __future__ import annotations
@@ -49,12 +49,12 @@ from typing import Annotated
 
 from pydantic import BeforeValidator, Field
 
-from clustertrain.errors import ImageError, LaunchError
+from clustertrain.core.errors import ImageError, LaunchError
 from clustertrain.image.versions import load_versions, resolved, vtuple
 from clustertrain.project import Project
-from clustertrain.rundir import write_atomic
-from clustertrain.schema import StoredModel
-from clustertrain.states import State
+from clustertrain.core.run_paths import write_atomic
+from clustertrain.core.schema import StoredModel
+from clustertrain.core.states import State
 from clustertrain.validate.checks import Verdict
 from clustertrain.validate.scan import CheckResult, ScanReport
 from clustertrain.validate.suitedir import JobOutcome, SuitePaths, load_result, read_text

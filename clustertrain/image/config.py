@@ -1,6 +1,6 @@
 """The ``image:`` section of the project file: the training image ``clustertrain image`` renders, builds and checks.
 
-It imports nothing from clustertrain but :mod:`clustertrain.schema`, so that ``project.py`` can compose it.
+It imports nothing from clustertrain but :mod:`clustertrain.core.schema`, so that ``project.py`` can compose it.
 With the section present and ``cluster.container_image`` unset, every rank runs in the image
 ``clustertrain image build`` writes (:attr:`clustertrain.project.Project.container_image`).
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pydantic import Field, field_validator
 
-from clustertrain.schema import StrictModel
+from clustertrain.core.schema import StrictModel
 
 #: docker's repository path grammar (distribution/reference): lowercase components separated by '/',
 #: each alphanumerics joined by '.', '_', '__' or '-' runs; an optional registry host first.

@@ -3,7 +3,7 @@
 * docker reference ``<name>:<tag>`` — ``image.name``; ``image.tag`` or ``<clustertrain version>-<digest>``
   where the digest covers the pins file and the Megatron choice (:func:`clustertrain.image.versions.digest`);
 * Enroot image ``<images>/<name>-<tag>.sqsh`` (``/`` in the name becomes ``+``), ``<images>`` from the
-  storage layout (:attr:`clustertrain.layout.StorageLayout.images`);
+  storage layout (:attr:`clustertrain.core.storage_layout.StorageLayout.images`);
 * the image's interpreter (``versions.yaml`` ``interpreter``) — the jobs' ``python`` when they run in it.
 """
 
@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from clustertrain import __version__
-from clustertrain.errors import ImageError
+from clustertrain.core.errors import ImageError
 from clustertrain.image.config import ImageConfig
 from clustertrain.image.versions import digest, load_versions
-from clustertrain.layout import storage_layout
+from clustertrain.core.storage_layout import storage_layout
 
 if TYPE_CHECKING:
     from clustertrain.project import Project

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from clustertrain.errors import ImageError
-from clustertrain.findings import Finding
+from clustertrain.core.errors import ImageError
+from clustertrain.core.findings import Finding
 from clustertrain.image.versions import DEFAULT_VERSIONS, compat_problems, load_compat, load_versions
 
 if TYPE_CHECKING:

@@ -43,12 +43,12 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from clustertrain import __version__
-from clustertrain.errors import ImageError
+from clustertrain.core.errors import ImageError
 from clustertrain.image.config import NAME_RE, TAG_RE
 from clustertrain.image.paths import image_config, image_ref
 from clustertrain.image.versions import (DEFAULT_VERSIONS, Pin, VersionsFile, check_versions, compat_notes, load_compat,
                                          load_versions, resolved)
-from clustertrain.templating import environment
+from clustertrain.core.templating import environment
 
 if TYPE_CHECKING:
     from clustertrain.project import Project

@@ -42,7 +42,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from clustertrain.errors import ImageError
+from clustertrain.core.errors import ImageError
 
 MAGIC = b"hsqs"
 SUPERBLOCK_SIZE = 96

@@ -33,8 +33,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from clustertrain.errors import ImageError
-from clustertrain.schema import StrictModel, read_yaml, validate_model
+from clustertrain.core.errors import ImageError
+from clustertrain.core.schema import StrictModel, read_yaml, validate_model
 
 HERE = Path(__file__).parent
 DEFAULT_VERSIONS = HERE / "versions.yaml"

@@ -8,7 +8,7 @@ Public API (imported lazily, so that light commands do not pay for torch):
 (the validation suite's jobs): :func:`submit_script`, :func:`batch_state`, :func:`cancel_job`.
 """
 
-from clustertrain.lazy import lazy_exports
+from clustertrain.core.lazy import lazy_exports
 
 _PUBLIC = {
     "JobStatus": "clustertrain.launch.backend",

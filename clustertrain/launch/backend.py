@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator, Protocol
 
-from clustertrain.states import State
+from clustertrain.core.states import State
 
 if TYPE_CHECKING:
     from clustertrain.launch.prepare import RunSpec
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class JobStatus:
-    """A job as a backend sees it; ``state`` is one of :class:`~clustertrain.states.State` (PENDING, RUNNING,
+    """A job as a backend sees it; ``state`` is one of :class:`~clustertrain.core.states.State` (PENDING, RUNNING,
     COMPLETED, STOPPED, FAILED, CANCELLED; a plain string of one of them is converted)."""
 
     job_id: str

@@ -4,7 +4,7 @@ its state, cancel it, count a partition's nodes.
 The public functions here are the launch stage's interface for a caller that renders its own script:
 :func:`submit_script`, :func:`batch_state`, :func:`cancel_job`, :func:`partition_nodes`. Every client
 command goes through :func:`clustertrain.launch.slurmcli.run_slurm`; job state comes from
-:func:`clustertrain.launch.slurm_query.query_job` and is mapped to :class:`clustertrain.states.State`
+:func:`clustertrain.launch.slurm_query.query_job` and is mapped to :class:`clustertrain.core.states.State`
 (:func:`to_state`):
 
     PENDING, REQUEUED, CONFIGURING, ...           -> PENDING
@@ -23,10 +23,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from clustertrain.errors import LaunchError
+from clustertrain.core.errors import LaunchError
 from clustertrain.launch.slurm_query import JobGone, query_job
 from clustertrain.launch.slurmcli import run_slurm
-from clustertrain.states import State
+from clustertrain.core.states import State
 
 _PENDING = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESV_DEL_HOLD",
                       "SPECIAL_EXIT"})

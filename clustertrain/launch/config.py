@@ -1,9 +1,9 @@
 """The ``launch:`` section of the project file: how Slurm jobs are submitted and kept alive.
 
-It imports nothing from clustertrain but :mod:`clustertrain.schema` (the strict base), so that
+It imports nothing from clustertrain but :mod:`clustertrain.core.schema` (the strict base), so that
 ``project.py`` can compose it.
 Where Slurm output files go is not a launch setting: it follows the storage layout
-(``storage.logs``, see :mod:`clustertrain.layout`).
+(``storage.logs``, see :mod:`clustertrain.core.storage_layout`).
 
 Example::
 
@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from clustertrain.schema import StrictModel
+from clustertrain.core.schema import StrictModel
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: Signals the trainer turns into "finish the step, save, exit" (see clustertrain.train.signals).

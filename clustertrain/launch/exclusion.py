@@ -23,10 +23,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from clustertrain.errors import LaunchError
+from clustertrain.core.errors import LaunchError
 from clustertrain.launch.slurm_query import parse_kv_line
 from clustertrain.launch.slurmcli import run_slurm
-from clustertrain.layout import storage_layout
+from clustertrain.core.storage_layout import storage_layout
 from clustertrain.monitor.suspects import Suspect, active_suspects, still_applies
 
 if TYPE_CHECKING:

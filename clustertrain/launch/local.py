@@ -5,7 +5,7 @@ environment: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0
 ``cluster.master_port`` or a free port) and run the same per-rank entry point that ``srun`` runs on a
 cluster, with their output in ``RUN_DIR/logs/rank<R>.log``. :meth:`LocalLauncher.wait` watches them: if any
 rank dies, the others are stopped within seconds and the failure names the rank and its last
-lines. It also runs the hang watchdog (:class:`clustertrain.monitor.watchdog.Watchdog`) over the ranks' heartbeats:
+lines. It also runs the hang watchdog (:class:`clustertrain.monitor.hang_watchdog.Watchdog`) over the ranks' heartbeats:
 a hang ends the run within the watchdog's bound, with the ranks behind named and every rank's stack in
 ``RUN_DIR/incidents/``. SIGINT/SIGTERM to the launcher are forwarded as SIGTERM, so the ranks save and stop.
 """
@@ -24,10 +24,10 @@ from typing import Callable, Iterator
 from clustertrain.launch.backend import JobStatus
 from clustertrain.launch.local_ranks import reap_ranks, start_local_ranks, stop_ranks
 from clustertrain.launch.prepare import RunSpec
-from clustertrain.monitor.heartbeats import clear_heartbeats
-from clustertrain.monitor.watchdog import Watchdog
-from clustertrain.ranks import PEER_FAILED_RE
-from clustertrain.states import State
+from clustertrain.core.heartbeat_files import clear_heartbeats
+from clustertrain.monitor.hang_watchdog import Watchdog
+from clustertrain.core.ranks import PEER_FAILED_RE
+from clustertrain.core.states import State
 
 POLL_S = 0.5
 KILL_GRACE_S = 5.0
@@ -38,7 +38,7 @@ def rank_command(spec: RunSpec) -> list[str]:
     project's arguments (:mod:`clustertrain.megatron.args`; the torchrun-style variables it reads are the ones
     :func:`start_local_ranks` sets)."""
     if spec.entry.framework == "megatron":
-        from clustertrain.layout import storage_layout
+        from clustertrain.core.storage_layout import storage_layout
         from clustertrain.megatron.args import MegatronContext, megatron_args
 
         ctx = MegatronContext(spec.project, spec.entry, spec.project.cluster.ranks_per_node, spec.paths.root, spec.data,

@@ -3,7 +3,7 @@
 Both the local backend (:class:`clustertrain.launch.local.LocalLauncher`, training) and the local
 collectives benchmark (:func:`clustertrain.validate.collectives.launch_local`) start their ranks here.
 Each rank gets this process's environment without its ``SLURM_*`` and torchrun variables, plus the
-torchrun-style rank variables of :meth:`clustertrain.ranks.RankInfo.environ` (MASTER_ADDR=127.0.0.1,
+torchrun-style rank variables of :meth:`clustertrain.core.ranks.RankInfo.environ` (MASTER_ADDR=127.0.0.1,
 MASTER_PORT a free port unless given) and ``PYTHONUNBUFFERED=1``. Its stdout and stderr are appended
 to its log file after a header line. Each rank leads its own process group (so a signal reaches
 everything it started) and gets SIGTERM when the launcher dies.
@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
-from clustertrain.processes import die_with_parent
-from clustertrain.ranks import TORCHRUN_VARIABLES, RankInfo
+from clustertrain.core.processes import die_with_parent
+from clustertrain.core.ranks import TORCHRUN_VARIABLES, RankInfo
 
 LOCAL_ADDR = "127.0.0.1"
 

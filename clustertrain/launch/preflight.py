@@ -63,15 +63,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from clustertrain.errors import ClusterTrainError
-from clustertrain.findings import Finding
+from clustertrain.core.errors import ClusterTrainError
+from clustertrain.core.findings import Finding
 from clustertrain.launch.config import LaunchConfig, launch_config_of
 from clustertrain.launch.presets import discouraged
-from clustertrain.layout import mount_of, off_mount_problems, storage_layout
-from clustertrain.monitor.records import EventKind, read_events
+from clustertrain.core.storage_layout import mount_of, off_mount_problems, storage_layout
+from clustertrain.core.run_events import EventKind, read_events
 from clustertrain.project import architecture_fingerprint
-from clustertrain.rundir import RunPaths
-from clustertrain.runstate import read_run_info
+from clustertrain.core.run_paths import RunPaths
+from clustertrain.core.run_records import read_run_info
 
 if TYPE_CHECKING:
     from clustertrain.plan.plan import Plan

@@ -1,6 +1,6 @@
 """Prepare a run: resolve its directory, prepare its data, check what can be checked before any
-process starts, and write ``run.json`` + ``config.yaml`` (see :mod:`clustertrain.rundir`; ``run.json``'s
-format is :class:`clustertrain.runstate.RunInfo`, which records the clustertrain version ranks check).
+process starts, and write ``run.json`` + ``config.yaml`` (see :mod:`clustertrain.core.run_paths`; ``run.json``'s
+format is :class:`clustertrain.core.run_records.RunInfo`, which records the clustertrain version ranks check).
 
 Every check runs before the run directory is touched, so a mistake leaves nothing half-written.
 """
@@ -16,12 +16,12 @@ from clustertrain.data import load_tokenizer
 from clustertrain.data.sample_index import GPTSamples
 from clustertrain.data.vocab import check_vocab
 from clustertrain.data.staging import dataset_tokens, stage_sources
-from clustertrain.errors import ConfigError, DataError
-from clustertrain.layout import storage_layout
+from clustertrain.core.errors import ConfigError, DataError
+from clustertrain.core.storage_layout import storage_layout
 from clustertrain.project import ModelEntry, Project, architecture_fingerprint, dump_project
-from clustertrain.rundir import RunPaths, write_atomic
-from clustertrain.runstate import RunInfo, mark_started, read_run_info, write_record
-from clustertrain.train.checkpoint import check_ownership
+from clustertrain.core.run_paths import RunPaths, write_atomic
+from clustertrain.core.run_records import RunInfo, mark_started, read_run_info, write_record
+from clustertrain.core.checkpoint_format import check_ownership
 
 ARCHIVED = ("checkpoints", "metrics.jsonl", "tensorboard", "status.json", "events.jsonl", "timing", "usage.json", "monitor")
 

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from clustertrain.errors import ConfigError
+from clustertrain.core.errors import ConfigError
 from clustertrain.launch.config import LaunchConfig
 from clustertrain.plan.catalog import read_catalog
-from clustertrain.schema import read_yaml
+from clustertrain.core.schema import read_yaml
 
 PRESETS_FILE = Path(__file__).with_name("nccl_presets.yaml")
 PRESETS_VERSION = 3

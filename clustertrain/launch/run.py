@@ -7,13 +7,13 @@ from pathlib import Path
 
 from rich.console import Console
 
-from clustertrain.errors import LaunchError
+from clustertrain.core.errors import LaunchError
 from clustertrain.launch.follow import follow_local
 from clustertrain.launch.local import LocalLauncher
 from clustertrain.launch.prepare import prepare_run, run_dir_for
 from clustertrain.project import Project
-from clustertrain.runstate import read_status, record_failure
-from clustertrain.states import State
+from clustertrain.core.run_records import read_status, record_failure
+from clustertrain.core.states import State
 
 
 @dataclass

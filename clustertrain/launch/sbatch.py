@@ -10,13 +10,13 @@ Quoting. Two syntaxes meet in a batch script:
 * Everything in the shell body goes through :func:`shlex.quote` (the ``q`` filter).
 
 No rendered string may hold a newline, carriage return or NUL (they would end a comment or a
-directive); :func:`build_request` rejects them with a :class:`~clustertrain.errors.LaunchError`.
+directive); :func:`build_request` rejects them with a :class:`~clustertrain.core.errors.LaunchError`.
 ``%`` in Slurm file names is a pattern character, so literal ``%`` in the log directory is written ``%%``.
 
 Containers (Pyxis). By default Pyxis sets the host's exported variables in the container *after* the
 image's entrypoint, and a value the image defines wins (Pyxis README, ``--container-env``). The ranks'
 wiring must not depend on what an image defines, so ``srun`` names it: ``--container-env=`` the
-rendezvous and rank variables (:data:`clustertrain.ranks.RANK_VARIABLES`) plus every variable of the rank environment;
+rendezvous and rank variables (:data:`clustertrain.core.ranks.RANK_VARIABLES`) plus every variable of the rank environment;
 those keep the host's value. Nothing is prepended to ``LD_LIBRARY_PATH`` in a container: the image's
 own value (its CUDA, NCCL and EFA libraries) stays.
 """
@@ -31,14 +31,14 @@ from pathlib import Path
 import jinja2
 
 from clustertrain import __version__
-from clustertrain.errors import LaunchError
+from clustertrain.core.errors import LaunchError
 from clustertrain.launch.config import ENV_NAME_RE, LaunchConfig, launch_config_of
 from clustertrain.launch.presets import RankEnvironment, rank_environment
-from clustertrain.layout import storage_layout
+from clustertrain.core.storage_layout import storage_layout
 from clustertrain.project import ModelEntry, Project
-from clustertrain.ranks import RANK_VARIABLES, batch_lines
-from clustertrain.rundir import RunPaths
-from clustertrain.templating import environment
+from clustertrain.core.ranks import RANK_VARIABLES, batch_lines
+from clustertrain.core.run_paths import RunPaths
+from clustertrain.core.templating import environment
 
 TEMPLATES = Path(__file__).parent / "templates"
 TEMPLATE = "sbatch.sh.j2"
@@ -82,7 +82,7 @@ class SbatchRequest:
     rank_command: tuple[str, ...] = ()
     #: nodes the job must not use (``--exclude``): the project's suspect nodes (clustertrain.launch.exclusion)
     exclude: tuple[str, ...] = ()
-    #: run the hang watchdog step beside the ranks (clustertrain.monitor.watchdog)
+    #: run the hang watchdog step beside the ranks (clustertrain.monitor.hang_watchdog)
     watchdog: bool = True
     #: the project's suspect list, where the watchdog blames nodes (None: blame nobody)
     suspects: Path | None = None
@@ -102,7 +102,7 @@ class SbatchRequest:
 
     @property
     def completed_marker(self) -> Path:
-        """The file whose presence tells the script not to requeue (:attr:`clustertrain.rundir.RunPaths.completed`)."""
+        """The file whose presence tells the script not to requeue (:attr:`clustertrain.core.run_paths.RunPaths.completed`)."""
         return RunPaths(self.run_dir).completed
 
     def output_for(self, job_id: str) -> Path:
@@ -139,7 +139,7 @@ def render_template(template: str, **context: object) -> str:
     """Render another ``launch/templates/*.j2`` with the filters of the training script (``q``: shell
     quoting with :func:`shlex.quote`; ``sq``: :func:`sbatch_quote`); ``template`` (the template's path in
     the package) is passed for the header, ``rank_wiring`` the lines that export the rendezvous
-    (:func:`clustertrain.ranks.batch_lines`). Callers check their values with :func:`check_renderable`."""
+    (:func:`clustertrain.core.ranks.batch_lines`). Callers check their values with :func:`check_renderable`."""
     return _environment().get_template(template).render(template=f"clustertrain/launch/templates/{template}",
                                                         rank_wiring=batch_lines(), **context)
 
@@ -223,7 +223,7 @@ def megatron_request(project: Project, entry: ModelEntry, request: SbatchRequest
 
     from clustertrain.data.staging import expected_prefix
     from clustertrain.megatron.args import MegatronContext, megatron_args, rank_command, rank_environment
-    from clustertrain.train.backup import checkpoint_backup_url
+    from clustertrain.train.checkpoint_backup import checkpoint_backup_url
 
     if data is None:
         root = storage_layout(project).datasets
@@ -275,7 +275,7 @@ def _strings(value: object) -> list[str]:
 
 
 def _environment() -> jinja2.Environment:
-    """The one Jinja environment (:func:`clustertrain.templating.environment`) plus the ``sq`` filter."""
+    """The one Jinja environment (:func:`clustertrain.core.templating.environment`) plus the ``sq`` filter."""
     env = environment(TEMPLATES)
     env.filters["sq"] = lambda v: sbatch_quote(str(v))
     return env

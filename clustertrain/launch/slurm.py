@@ -2,18 +2,18 @@
 
 :class:`SlurmLauncher` implements the :class:`~clustertrain.launch.backend.Launcher` protocol:
 ``submit`` writes the script to ``RUN_DIR/jobs/``, runs ``sbatch --parsable`` (returns as soon as the
-job is queued) and adds a record to ``RUN_DIR/jobs.jsonl`` (:mod:`clustertrain.launch.jobs`);
+job is queued) and adds a record to ``RUN_DIR/jobs.jsonl`` (:mod:`clustertrain.core.job_records`);
 ``status`` asks the controller (``scontrol show job``) and, after the job left it, the
 jobcomp/filetxt log (:func:`clustertrain.launch.slurm_query.query_job`); where the cluster keeps none
 (ParallelCluster: ``jobcomp/none``, ``MinJobAge=300``) the run directory's own records answer: the end
-marker the batch script wrote (:func:`clustertrain.launch.jobs.read_end_marker`), else the state an
+marker the batch script wrote (:func:`clustertrain.core.job_records.read_end_marker`), else the state an
 earlier ``status`` recorded in ``jobs.jsonl``; a job that left neither (killed without warning) is
 FAILED with ``detail`` saying so. ``logs`` reads (or follows)
 the job's output file; ``cancel`` runs ``scancel``. Client commands run through
 :func:`clustertrain.launch.slurmcli.run_slurm` with ``os.environ`` plus ``env`` (``SLURM_CONF``...), so
 jobs inherit that environment (sbatch's default ``--export=ALL``).
 
-State mapping to :class:`JobStatus` (a :class:`clustertrain.states.State`): PENDING/REQUEUED/CONFIGURING ->
+State mapping to :class:`JobStatus` (a :class:`clustertrain.core.states.State`): PENDING/REQUEUED/CONFIGURING ->
 PENDING; RUNNING/COMPLETING/SUSPENDED -> RUNNING; COMPLETED -> COMPLETED when the run's ``COMPLETED``
 marker is there, STOPPED when its ``status.json`` says the ranks stopped on a signal (restart budget
 spent), else COMPLETED (the batch script exited 0); PREEMPTED -> STOPPED; CANCELLED -> CANCELLED;
@@ -31,18 +31,18 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from clustertrain.errors import LaunchError
+from clustertrain.core.errors import LaunchError
 from clustertrain.launch.backend import JobStatus
 from clustertrain.launch.config import LaunchConfig
 from clustertrain.launch.prepare import run_dir_for
-from clustertrain.launch.jobs import JobRecord, add_record, find_record, new_script_path, read_end_marker, update_record
+from clustertrain.core.job_records import JobRecord, add_record, find_record, new_script_path, read_end_marker, update_record
 from clustertrain.launch.sbatch import SbatchRequest, build_request, render_script
 from clustertrain.launch.slurm_query import JobGone, JobState, parse_kv_line, query_job
 from clustertrain.launch.slurmcli import run_slurm
 from clustertrain.project import Project
-from clustertrain.rundir import RunPaths, write_atomic
-from clustertrain.runstate import RunStatus, is_completed, read_status
-from clustertrain.states import State
+from clustertrain.core.run_paths import RunPaths, write_atomic
+from clustertrain.core.run_records import RunStatus, is_completed, read_status
+from clustertrain.core.states import State
 
 if TYPE_CHECKING:
     from clustertrain.launch.prepare import RunSpec

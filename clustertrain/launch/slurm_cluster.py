@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from clustertrain.errors import LaunchError
+from clustertrain.core.errors import LaunchError
 from clustertrain.launch.slurm_cluster_paths import RECORD_VERSION, LocalSlurmPaths
 from clustertrain.launch.slurm_cluster_procs import (
     DAEMON_NAMES,
@@ -46,8 +46,8 @@ from clustertrain.launch.slurm_cluster_procs import (
 )
 from clustertrain.launch.slurm_query import parse_nodes
 from clustertrain.launch.slurmcli import run_slurm
-from clustertrain.rundir import write_atomic
-from clustertrain.templating import render
+from clustertrain.core.run_paths import write_atomic
+from clustertrain.core.templating import render
 
 __all__ = ["JOBCOMP_TYPES", "LocalSlurmCluster", "LocalSlurmPaths", "LocalSlurmStatus", "NodeGroup", "RECORD_VERSION",
            "require_installed"]

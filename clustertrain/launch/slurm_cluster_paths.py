@@ -37,7 +37,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from clustertrain.rundir import write_atomic
+from clustertrain.core.run_paths import write_atomic
 
 RECORD_VERSION = 1
 MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with the terminating NUL

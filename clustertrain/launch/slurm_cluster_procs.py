@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 
-from clustertrain.errors import LaunchError
+from clustertrain.core.errors import LaunchError
 from clustertrain.launch.slurm_cluster_paths import LocalSlurmPaths
 
 DAEMON_NAMES = ("munged", "slurmctld", "slurmd", "slurmstepd")

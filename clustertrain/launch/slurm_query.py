@@ -24,13 +24,13 @@ JSON and sacct samples written by hand from SchedMD's sources, said so in each f
 * jobcomp/filetxt (``JobCompLoc``): one ``Key=Value`` line per job end, appended by slurmctld. A
   requeued job has one line per run; the last line is the final state.
 * ``scontrol show node -o``: one ``Key=Value`` line per node (``NodeName``, ``NodeAddr``, ``State``).
-* Slurm hostlists (``node[1-3,5]``, ``gpu-[01-02],cpu1``): :func:`clustertrain.ranks.expand_hostlist`.
+* Slurm hostlists (``node[1-3,5]``, ``gpu-[01-02],cpu1``): :func:`clustertrain.core.ranks.expand_hostlist`.
 
 A backend calls :func:`query_job` while it waits for a job: it asks the controller and, once the
 job has left it (``MinJobAge`` after the end), the accounting database (sacct), else the jobcomp file.
 Where there is neither (ParallelCluster without a ``Database`` runs ``JobCompType=jobcomp/none`` with
 ``MinJobAge=300``) it raises :class:`JobGone`, and the caller reads the run directory's own records
-(:func:`clustertrain.launch.jobs.read_end_marker`).
+(:func:`clustertrain.core.job_records.read_end_marker`).
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from clustertrain.errors import LaunchError
+from clustertrain.core.errors import LaunchError
 from clustertrain.launch.slurmcli import last_line, run_slurm
-from clustertrain.ranks import expand_hostlist
+from clustertrain.core.ranks import expand_hostlist
 
 #: States after which a job will not run again by itself.
 FINISHED_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",

@@ -11,7 +11,7 @@ import os
 import subprocess
 from typing import Mapping
 
-from clustertrain.errors import LaunchError
+from clustertrain.core.errors import LaunchError
 
 
 def run_slurm(argv: list[str], env: Mapping[str, str] | None = None, check: bool = True,

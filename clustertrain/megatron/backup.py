@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from clustertrain.errors import ClusterTrainError, StorageError
+from clustertrain.core.errors import ClusterTrainError, StorageError
 
 LATEST = "latest_checkpointed_iteration.txt"
 

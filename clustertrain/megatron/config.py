@@ -7,11 +7,11 @@ sections as for the built-in trainer (:mod:`clustertrain.megatron.args` maps the
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from clustertrain.schema import StrictModel
+from clustertrain.core.schema import StrictModel
 
 #: the Megatron-LM release clustertrain renders for (flags, log format, checkpoint layout); the image clones it
 MEGATRON_TAG = "core_v0.16.1"
@@ -66,3 +66,33 @@ class MegatronConfig(StrictModel):
         if self.overlap_param_gather and not self.overlap_grad_reduce:
             raise ValueError("overlap_param_gather needs overlap_grad_reduce (Megatron asserts it); set both or neither")
         return self
+
+
+def structure_problems(arch: Any, par: Any, mg: MegatronConfig) -> list[tuple[str, str]]:
+    """(field, problem) for a Megatron model (its ``model``, ``parallelism`` and ``megatron`` sections) that
+    Megatron would refuse on any cluster: the rule table of :mod:`clustertrain.megatron.rules`. Pure: ``Project``
+    validation runs it on every ``framework: megatron`` model, so it lives with the section it checks."""
+    out: list[tuple[str, str]] = []
+    if arch.layers % par.pp:
+        out.append(("parallelism.pp", f"pp={par.pp} does not divide model.layers={arch.layers} (Megatron gives each "
+                                      f"pipeline stage the same number of layers); valid pp: {_divisors(arch.layers)}"))
+    elif par.virtual_stages > 1 and (arch.layers // par.pp) % par.virtual_stages:
+        per = arch.layers // par.pp
+        out.append(("parallelism.virtual_stages", f"virtual_stages={par.virtual_stages} does not divide the {per} layers "
+                                                  f"of each pipeline stage; valid: {_divisors(per)}"))
+    if par.pp > 1 and par.schedule == "gpipe":
+        out.append(("parallelism.schedule", "gpipe is the built-in trainer's; Megatron-LM runs 1f1b (interleaved_1f1b with "
+                                            "virtual_stages > 1): set schedule: 1f1b"))
+    if par.compile:
+        out.append(("parallelism.compile", "compile is the built-in trainer's (torch.compile per block); Megatron-LM "
+                                           "uses its own fused kernels: remove compile"))
+    max_pos = mg.max_position_embeddings
+    if max_pos is not None and arch.seq_len > max_pos:
+        out.append(("megatron.max_position_embeddings", f"{max_pos} is below model.seq_len={arch.seq_len} (Megatron "
+                                                        "asserts seq_length <= max_position_embeddings); raise it or "
+                                                        "remove it (default: seq_len)"))
+    return out
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)

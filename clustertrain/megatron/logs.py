@@ -22,7 +22,7 @@ loss                 ``lm loss`` (None when the line has none)
 lr, grad_norm        ``learning rate``, ``grad norm``
 step_time_s          ``elapsed time per iteration (ms)`` / 1000
 tokens_per_s         ``global batch size`` x ``model.seq_len`` / step_time_s (the trainer's rule)
-mfu                  flops per token (:meth:`clustertrain.plan.shape.ModelShape.flops_per_token`, the trainer's
+mfu                  flops per token (:meth:`clustertrain.core.model_shape.ModelShape.flops_per_token`, the trainer's
                      formula) x tokens_per_s / (the GPU's bf16 peak x GPUs); the peak is the catalog's for
                      ``cluster.instance_type``'s GPU, the GPUs ``nodes_for`` x ``cluster.ranks_per_node``;
                      None without an instance type the catalog knows
@@ -55,7 +55,7 @@ rewritten atomically, as the built-in trainer does on resume; otherwise the new 
 once (two ``status`` calls) take turns on an ``fcntl`` lock (``RUN_DIR/monitor/megatron-log.lock``), so no row is
 written twice. Nothing new (every source as long as last time) costs a ``stat`` per source and no lock.
 
-State file ``RUN_DIR/monitor/megatron-log.json`` (version 1; written with :func:`clustertrain.rundir.write_atomic`
+State file ``RUN_DIR/monitor/megatron-log.json`` (version 1; written with :func:`clustertrain.core.run_paths.write_atomic`
 after the rows)::
 
     {"version": 1, "clustertrain": "0.1.0",
@@ -82,8 +82,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clustertrain.errors import ClusterTrainError, RunDirError
-from clustertrain.rundir import RunPaths, write_atomic
+from clustertrain.core.errors import ClusterTrainError, RunDirError
+from clustertrain.core.run_paths import RunPaths, write_atomic
 
 if TYPE_CHECKING:
     from clustertrain.project import ModelEntry, Project
@@ -216,7 +216,7 @@ def row_context(project: "Project", entry: "ModelEntry") -> RowContext:
     """The model's sequence length, FLOPs per token and the peak FLOP/s of its job's GPUs (module docstring)."""
     from clustertrain.plan.catalog import read_catalog
     from clustertrain.plan.nodes import nodes_for
-    from clustertrain.plan.shape import ModelShape
+    from clustertrain.core.model_shape import ModelShape
 
     arch = entry.model
     flops = ModelShape.from_arch(arch, arch.vocab or 0).flops_per_token()  # the vocabulary does not enter it
@@ -245,9 +245,9 @@ def lock_path(paths: RunPaths) -> Path:
 
 def log_sources(paths: RunPaths) -> list[Path]:
     """Where a run's Megatron output lies, in the order it was written: each Slurm job's output file
-    (:func:`clustertrain.launch.jobs.read_records`, oldest first; a requeued job appends to its file), then the
+    (:func:`clustertrain.core.job_records.read_records`, oldest first; a requeued job appends to its file), then the
     local ranks' ``RUN_DIR/logs/rank<R>.log`` by rank."""
-    from clustertrain.launch.jobs import read_records
+    from clustertrain.core.job_records import read_records
 
     out: list[Path] = []
     for record in read_records(paths):
@@ -266,7 +266,7 @@ def log_sources(paths: RunPaths) -> list[Path]:
 def ingest_megatron_log(paths: RunPaths, entry: "ModelEntry", project: "Project", sources: list[Path]) -> int:
     """Turn the iteration lines of ``sources`` written since the last call into rows of ``paths.metrics``; return
     how many rows were added (rules and the state file: module docstring). A source that does not exist yet is
-    skipped; one that cannot be read is a :class:`~clustertrain.errors.RunDirError` naming it (nothing is written)."""
+    skipped; one that cannot be read is a :class:`~clustertrain.core.errors.RunDirError` naming it (nothing is written)."""
     if not _news(paths, sources, _read_state(paths)):
         return 0
     with _locked(paths):
@@ -364,7 +364,7 @@ def _read_source(source: Path, seen: dict[str, int] | None) -> tuple[list[Iterat
 def _write_rows(paths: RunPaths, rows: list[dict[str, Any]]) -> None:
     """Append ``rows`` to ``metrics.jsonl``; a row at or below the last step first drops the rows from its step on
     (the file is then rewritten whole, atomically)."""
-    from clustertrain.monitor.records import read_jsonl
+    from clustertrain.core.run_events import read_jsonl
 
     kept = read_jsonl(paths.metrics)
     last = _last_step(kept)

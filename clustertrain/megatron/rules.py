@@ -2,7 +2,7 @@
 
 Two levels, as for the built-in trainer:
 
-* :func:`structure_problems` — at load time (``Project`` validation), whatever the cluster: Megatron's
+* :func:`clustertrain.megatron.config.structure_problems` — at load time (``Project`` validation), whatever the cluster: Megatron's
   own divisibility rules on the architecture and layout (``validate_args`` in ``megatron/training/
   arguments.py`` at :data:`~clustertrain.megatron.config.MEGATRON_TAG`), and what only the built-in
   trainer offers (``compile``).
@@ -33,35 +33,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from clustertrain.findings import Finding
+from clustertrain.core.findings import Finding
 
 if TYPE_CHECKING:
     from clustertrain.project import ModelEntry, Project
-
-
-def structure_problems(entry: "ModelEntry") -> list[tuple[str, str]]:
-    """(field, problem) for a Megatron model that Megatron would refuse on any cluster."""
-    arch, par, mg = entry.model, entry.parallelism, entry.megatron_options
-    out: list[tuple[str, str]] = []
-    if arch.layers % par.pp:
-        out.append(("parallelism.pp", f"pp={par.pp} does not divide model.layers={arch.layers} (Megatron gives each "
-                                      f"pipeline stage the same number of layers); valid pp: {_divisors(arch.layers)}"))
-    elif par.virtual_stages > 1 and (arch.layers // par.pp) % par.virtual_stages:
-        per = arch.layers // par.pp
-        out.append(("parallelism.virtual_stages", f"virtual_stages={par.virtual_stages} does not divide the {per} layers "
-                                                  f"of each pipeline stage; valid: {_divisors(per)}"))
-    if par.pp > 1 and par.schedule == "gpipe":
-        out.append(("parallelism.schedule", "gpipe is the built-in trainer's; Megatron-LM runs 1f1b (interleaved_1f1b with "
-                                            "virtual_stages > 1): set schedule: 1f1b"))
-    if par.compile:
-        out.append(("parallelism.compile", "compile is the built-in trainer's (torch.compile per block); Megatron-LM "
-                                           "uses its own fused kernels: remove compile"))
-    max_pos = mg.max_position_embeddings
-    if max_pos is not None and arch.seq_len > max_pos:
-        out.append(("megatron.max_position_embeddings", f"{max_pos} is below model.seq_len={arch.seq_len} (Megatron "
-                                                        "asserts seq_length <= max_position_embeddings); raise it or "
-                                                        "remove it (default: seq_len)"))
-    return out
 
 
 def framework_findings(project: "Project") -> list[Finding]:
@@ -178,7 +153,3 @@ def _nearest(option: str, known: frozenset[str]) -> str | None:
 
     found = difflib.get_close_matches(option, sorted(known), n=1, cutoff=0.8)
     return found[0] if found else None
-
-
-def _divisors(n: int) -> str:
-    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)

@@ -1,6 +1,6 @@
 """The ``monitor:`` section of the project file: the node sampler, per-rank step timing and the alarms.
 
-It imports nothing from clustertrain but :mod:`clustertrain.schema` (the strict base), so that
+It imports nothing from clustertrain but :mod:`clustertrain.core.schema` (the strict base), so that
 ``project.py`` can compose it.
 
 Example::
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from clustertrain.schema import StrictModel
+from clustertrain.core.schema import StrictModel
 
 
 class MonitorConfig(StrictModel):

@@ -1,8 +1,8 @@
 """Goodput: where a run's allocated node-hours went, across every restart (``clustertrain status``, the report).
 
 Pure functions over the run's records: the attempts of ``usage.json`` (one per start of the ranks: a requeue, a
-resubmission, a resume each add one; :class:`clustertrain.monitor.records.Attempt`), the times of its events, and
-its Slurm job records (``jobs.jsonl``, format: :mod:`clustertrain.launch.jobs`; read here with the lenient JSON-lines
+resubmission, a resume each add one; :class:`clustertrain.core.run_events.Attempt`), the times of its events, and
+its Slurm job records (``jobs.jsonl``, format: :mod:`clustertrain.core.job_records`; read here with the lenient JSON-lines
 reader, only ``job_id``, ``submitted`` and ``ended``, so the monitor stage imports nothing of launch).
 
 Each attempt's **allocated time** runs from its allocation start ``a`` (``allocated``, else ``started``) to its end
@@ -37,9 +37,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from clustertrain.monitor.records import Attempt, Event, EventKind, read_jsonl
-from clustertrain.rundir import RunPaths
-from clustertrain.states import State
+from clustertrain.core.run_events import Attempt, Event, EventKind, read_jsonl
+from clustertrain.core.run_paths import RunPaths
+from clustertrain.core.states import State
 
 #: the parts of allocated time (each an ``<part>_s`` of :class:`AttemptGoodput`, ``<part>_h`` of :class:`Goodput`)
 PARTS = ("productive", "overhead", "stall", "lost", "idle")

@@ -7,7 +7,7 @@ an x axis: the training step (:func:`step_figure`, :func:`ranks_figure`) or the 
 node-time by part (:mod:`clustertrain.monitor.goodput`). Vertical :class:`Marker` lines show checkpoints (grey, dotted)
 and events (orange for warnings, red for errors) on those axes; a panel with nothing to draw says so in its middle.
 
-The functions take plain values (metrics rows, :class:`~clustertrain.monitor.records.TimingRow` lists, the sampler
+The functions take plain values (metrics rows, :class:`~clustertrain.core.run_events.TimingRow` lists, the sampler
 rows of :func:`~clustertrain.monitor.samples.read_samples`) and know nothing of run directories: gathering them is
 :mod:`clustertrain.monitor.report`'s job. matplotlib is imported inside the functions (it is heavy).
 """
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from clustertrain.monitor.records import PARTS, TimingRow
+from clustertrain.core.run_events import PARTS, TimingRow
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -6,8 +6,8 @@ never an error): ``run.json`` and ``config.yaml`` (the project as the run resolv
 ``status.json``, ``metrics.jsonl`` (a line cut by a kill is skipped; a Megatron model's new iteration lines are
 ingested into it first, :mod:`clustertrain.megatron.logs`), ``timing/rank<R>.jsonl``, ``events.jsonl``
 and ``monitor/<node>.events.jsonl``, ``usage.json``, ``monitor/<node>.csv`` and ``checkpoints/step_*/meta.json``
-(formats: :mod:`clustertrain.monitor.records`, :mod:`clustertrain.monitor.samples`,
-:mod:`clustertrain.train.checkpoint`, :mod:`clustertrain.runstate`).
+(formats: :mod:`clustertrain.core.run_events`, :mod:`clustertrain.monitor.samples`,
+:mod:`clustertrain.train.checkpoint`, :mod:`clustertrain.core.run_records`).
 
 What it shows per model: its state, progress, GPU-hours, cost and goodput as ``clustertrain status`` sees them
 (:func:`clustertrain.monitor.status.model_status`, judged from the run directory: a report asks no Slurm
@@ -36,15 +36,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clustertrain.errors import ClusterTrainError, ConfigError, RunDirError
+from clustertrain.core.errors import ClusterTrainError, ConfigError, RunDirError
 from clustertrain.monitor import plots
 from clustertrain.monitor.goodput import Goodput
-from clustertrain.monitor.records import PARTS, Event, TimingRow, Usage, read_events, read_jsonl, read_timing, read_usage
+from clustertrain.core.run_events import PARTS, Event, TimingRow, Usage, read_events, read_jsonl, read_timing, read_usage
 from clustertrain.monitor.resilience import project_suspects, read_incidents
 from clustertrain.monitor.samples import read_samples
 from clustertrain.monitor.status import NOT_STARTED, ModelStatus, human_duration, model_status, plan_gpu_hour_prices
-from clustertrain.rundir import RunPaths, write_atomic
-from clustertrain.runstate import UNKNOWN_VERSION, read_resolved_config, read_run_info
+from clustertrain.core.run_paths import RunPaths, write_atomic
+from clustertrain.core.run_records import UNKNOWN_VERSION, read_resolved_config, read_run_info
 
 if TYPE_CHECKING:
     from clustertrain.plan.plan import ModelPlan, Plan
@@ -219,8 +219,8 @@ class Report:
 def gather(path: Path, overrides: list[str] | None = None) -> Report:
     """The report of ``path``: a run directory (with ``run.json``) or a project file (every model's run directory
     from the storage layout; ``overrides`` are its ``--set`` items). Anything else is one :class:`RunDirError`."""
-    from clustertrain.layout import storage_layout
-    from clustertrain.project import load_project
+    from clustertrain.core.storage_layout import storage_layout
+    from clustertrain.project import read_project
 
     path, now = Path(path), time.time()
     if path.is_dir() and RunPaths(path).run_json.is_file():
@@ -236,7 +236,7 @@ def gather(path: Path, overrides: list[str] | None = None) -> Report:
     if not path.is_file():
         raise RunDirError(f"{path}: neither a run directory (no run.json) nor a project file; pass a run directory "
                           "written by `clustertrain run`/`submit` or the project's YAML file")
-    project = load_project(path, overrides or [])
+    project = read_project(path, overrides or [])
     layout = storage_layout(project)
     plan = _plan(project)
     models = [gather_model(RunPaths(layout.run_dir(e.name)), e.name, project, plan, now=now) for e in project.models]
@@ -332,7 +332,7 @@ def _attach_plan(m: ModelData, plan: "Plan | str | None") -> None:
 
 
 def _checkpoints(paths: RunPaths, missing: list[str]) -> list[Checkpoint]:
-    from clustertrain.train.checkpoint import complete_checkpoints, read_meta
+    from clustertrain.core.checkpoint_format import complete_checkpoints, read_meta
 
     out = []
     for path in complete_checkpoints(paths.checkpoints):

@@ -1,6 +1,6 @@
 """What ``clustertrain status`` and the report say about a run's faults and how it survived them: the watchdog's
-incidents (``RUN_DIR/incidents/<id>/incident.json``, format: :mod:`clustertrain.monitor.watchdog`), the last
-preemption save (the ``stop_signal`` and ``preempt_save`` events, :mod:`clustertrain.monitor.records`) and the
+incidents (``RUN_DIR/incidents/<id>/incident.json``, format: :mod:`clustertrain.monitor.hang_watchdog`), the last
+preemption save (the ``stop_signal`` and ``preempt_save`` events, :mod:`clustertrain.core.run_events`) and the
 project's suspect nodes (:mod:`clustertrain.monitor.suspects`). Readers are lenient: a damaged incident record is
 skipped, never an error.
 
@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clustertrain.monitor.records import Attempt, Event, EventKind
+from clustertrain.core.run_events import Attempt, Event, EventKind
 from clustertrain.monitor.suspects import active_suspects
-from clustertrain.rundir import RunPaths
-from clustertrain.states import State
+from clustertrain.core.run_paths import RunPaths
+from clustertrain.core.states import State
 
 if TYPE_CHECKING:
     from clustertrain.project import Project
@@ -125,7 +125,7 @@ def _attempt_at(attempts: Sequence[Attempt], t: float) -> tuple[int, Attempt | N
 
 
 def suspects_file(project: "Project") -> Path:
-    from clustertrain.layout import storage_layout
+    from clustertrain.core.storage_layout import storage_layout
 
     return storage_layout(project).suspects_file()
 

@@ -5,14 +5,14 @@ The trainer's local rank 0 on each node calls :func:`start_sampler` (and :func:`
 
     python -m clustertrain.monitor.sampler --run-dir DIR --node NAME [--interval S] [--gpu-temp C] [--parent PID]
 
-Files, in ``RUN_DIR/monitor/`` (:class:`clustertrain.rundir.RunPaths`), one writer each:
+Files, in ``RUN_DIR/monitor/`` (:class:`clustertrain.core.run_paths.RunPaths`), one writer each:
 
 - ``<node>.csv``: one sample per interval (format and reader: :mod:`clustertrain.monitor.samples`): a row per
   GPU, or one host-only row when NVML or the GPUs are missing. A sample is one ``write`` on an ``O_APPEND``
   descriptor, so a kill leaves whole lines. The file is appended to when its header is the one this sampler
   writes; a file with another header (a GPU run after a CPU run in the same run dir) is moved aside to
   ``<node>.csv.1`` (replacing an older one) and a fresh file started.
-- ``<node>.events.jsonl``: GPU events (:class:`clustertrain.monitor.records.Event`), one per condition start,
+- ``<node>.events.jsonl``: GPU events (:class:`clustertrain.core.run_events.Event`), one per condition start,
   re-armed when the condition clears: ``gpu_temperature`` (warning: at or above ``--gpu-temp``), ``gpu_throttle``
   (warning: a HW slowdown, HW thermal slowdown, HW power brake or SW thermal slowdown clock-event reason),
   ``gpu_ecc`` (error: the volatile uncorrected ECC count grew), ``gpu_xid`` (error: each critical XID), and
@@ -44,13 +44,13 @@ from typing import Any, Callable
 
 import psutil
 
-from clustertrain.errors import ConfigError
+from clustertrain.core.errors import ConfigError
 from clustertrain.monitor.config import MonitorConfig
 from clustertrain.monitor.gpus import GpuReading, GpuSource, open_gpus, slowdown_reasons
-from clustertrain.monitor.records import Event, EventKind, Severity, append_event
+from clustertrain.core.run_events import Event, EventKind, Severity, append_event
 from clustertrain.monitor.samples import HOST_ONLY, WITH_GPUS, format_timestamp
-from clustertrain.processes import die_with_parent
-from clustertrain.rundir import RunPaths, safe_node
+from clustertrain.core.processes import die_with_parent
+from clustertrain.core.run_paths import RunPaths, safe_node
 
 CRASH_ENV = "CLUSTERTRAIN_SAMPLER_CRASH_AFTER"
 _MIB = 1 << 20

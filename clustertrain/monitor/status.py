@@ -1,7 +1,7 @@
 """One row per model of a project: where its run stands (``clustertrain status``, the report's summary).
 
 Read from the run directory (``run.json``, ``status.json``, ``usage.json``, ``metrics.jsonl``, ``config.yaml``,
-checkpoints, events; formats: :mod:`clustertrain.runstate`, :mod:`clustertrain.monitor.records`) and, for Slurm
+checkpoints, events; formats: :mod:`clustertrain.core.run_records`, :mod:`clustertrain.core.run_events`) and, for Slurm
 runs, the job as the launch stage sees it (handed in as a :class:`~clustertrain.launch.backend.JobStatus`, e.g. by
 :func:`clustertrain.launch.overview.newest_jobs`; this module does not query Slurm and does not import launch;
 for a Megatron model, :mod:`clustertrain.megatron.logs` reads ``jobs.jsonl`` for the jobs' output files).
@@ -42,15 +42,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clustertrain.errors import ClusterTrainError
+from clustertrain.core.errors import ClusterTrainError
 from clustertrain.monitor.goodput import Goodput, run_goodput
-from clustertrain.monitor.records import Attempt, Event, Severity, read_events, read_jsonl_counted, read_usage
+from clustertrain.core.run_events import Attempt, Event, Severity, read_events, read_jsonl_counted, read_usage
 from clustertrain.monitor.resilience import (RECORD_KINDS, incident_since, newest_incident, preempt_line,
                                              project_suspects)
-from clustertrain.rundir import RunPaths
-from clustertrain.runstate import RunStatus, read_run_info, read_status
-from clustertrain.schema import read_yaml
-from clustertrain.states import State
+from clustertrain.core.run_paths import RunPaths
+from clustertrain.core.run_records import RunStatus, read_run_info, read_status
+from clustertrain.core.schema import read_yaml
+from clustertrain.core.states import State
 
 if TYPE_CHECKING:
     from clustertrain.launch.backend import JobStatus
@@ -405,7 +405,7 @@ def _usage(st: ModelStatus, attempts: list[Attempt], live: bool, now: float) -> 
 
 
 def _checkpoint(paths: RunPaths, st: ModelStatus, now: float) -> None:
-    from clustertrain.train.checkpoint import find_latest, read_meta
+    from clustertrain.core.checkpoint_format import find_latest, read_meta
 
     try:
         latest = find_latest(paths.checkpoints)

@@ -2,7 +2,7 @@
 health, which the project's jobs exclude until the entry expires or is cleared.
 
 One file per project, ``<storage.runs>/<project>/suspects.jsonl``
-(:meth:`clustertrain.layout.StorageLayout.suspects_file`), shared by every model's jobs and by ``clustertrain
+(:meth:`clustertrain.core.storage_layout.StorageLayout.suspects_file`), shared by every model's jobs and by ``clustertrain
 nodes``. Append-only JSON lines, each one ``os.write`` on an ``O_APPEND`` descriptor (no lock: several jobs may add
 at once); the list is the fold of the lines, oldest first. Two kinds of line::
 
@@ -25,8 +25,8 @@ from pathlib import Path
 
 from pydantic import Field, ValidationError
 
-from clustertrain.monitor.records import read_jsonl
-from clustertrain.schema import StoredModel
+from clustertrain.core.run_events import read_jsonl
+from clustertrain.core.schema import StoredModel
 
 SOURCES = ("hang", "rank_lost", "crash", "node_fail", "gpu_health", "manual")
 

@@ -14,7 +14,7 @@ submodule would shadow the function as soon as anything imported it).
 
 from __future__ import annotations
 
-from clustertrain.lazy import lazy_exports
+from clustertrain.core.lazy import lazy_exports
 
 _PUBLIC = {
     "make_plan": "clustertrain.plan.plan",
@@ -25,8 +25,8 @@ _PUBLIC = {
     "Calibration": "clustertrain.plan.calibrate",
     "load_catalog": "clustertrain.plan.catalog",
     "Instance": "clustertrain.plan.catalog",
-    "ModelShape": "clustertrain.plan.shape",
-    "parameter_tensors": "clustertrain.plan.shape",
+    "ModelShape": "clustertrain.core.model_shape",
+    "parameter_tensors": "clustertrain.core.model_shape",
     "trainer_state_bytes": "clustertrain.plan.memory",
     "MemoryEstimate": "clustertrain.plan.memory",
     "estimate_memory": "clustertrain.plan.memory",

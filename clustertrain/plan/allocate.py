@@ -2,14 +2,14 @@
 models so that they finish as close together as possible.
 
 A model is planned with its ``models[].parallelism`` section — the one the trainer reads — resolved
-for each candidate world size by :func:`clustertrain.train.layout.resolve_layout`. A count is *valid*
+for each candidate world size by :func:`clustertrain.core.parallel_layout.resolve_layout`. A count is *valid*
 for a model when its framework implements the section, the layout splits the model
 (``structure_problems``) and fits a node (``node_problems``) and the world (``world_problems``: world
 size divisible by tp x pp, a fixed ``dp`` matching), ``global_batch`` is divisible by
 ``micro_batch x dp``, a pipeline schedule gets the micro-batches it needs (``microbatch_problems``: 1F1B at
 least pp, interleaved a multiple of pp), the memory fits (:mod:`clustertrain.plan.memory`) and the deadline
 is met. Layout problems name their field, e.g. ``models[6].parallelism.tp: ...``; the built-in trainer's
-pipeline splits any layer count into up to that many stages (``clustertrain.train.layout.pipeline_problems``)
+pipeline splits any layer count into up to that many stages (``clustertrain.core.parallel_layout.pipeline_problems``)
 but cannot tie the embeddings across stages, Megatron's only layer counts pp divides.
 
 Memory: the built-in trainer's model (:func:`clustertrain.plan.memory.estimate_memory`: its most loaded pipeline
@@ -37,10 +37,10 @@ from clustertrain.plan.megatron_memory import (
     pipeline_problems,
 )
 from clustertrain.plan.memory import GiB, MemoryEstimate, estimate_memory, memory_budget, microbatches, pipeline_bubble
-from clustertrain.plan.shape import ModelShape
+from clustertrain.core.model_shape import ModelShape
 from clustertrain.plan.traffic import Traffic, data_parallel_traffic
 from clustertrain.train.config import ArchConfig, ParallelismConfig, builtin_problems, microbatch_problems
-from clustertrain.train.layout import (
+from clustertrain.core.parallel_layout import (
     ParallelLayout,
     node_problems,
     param_dtype_for,
@@ -48,7 +48,7 @@ from clustertrain.train.layout import (
     structure_problems,
     world_problems,
 )
-from clustertrain.train.layout import pipeline_problems as split_problems
+from clustertrain.core.parallel_layout import pipeline_problems as split_problems
 
 DAY = 86400.0
 

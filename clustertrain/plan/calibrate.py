@@ -67,7 +67,8 @@ def calibrate(project, model: str | None = None, threads: int | None = None, sid
     workers per node, started together, so that they share cores, caches and memory bandwidth the
     way the trainer's workers do; the slowest worker sets the predicted step (ranks wait for each
     other at every all-reduce)."""
-    from clustertrain.plan.shape import ModelShape, model_vocab
+    from clustertrain.core.model_shape import ModelShape
+    from clustertrain.data.tokenizers import model_vocab
 
     entry = project.model(model) if model else project.models[0]
     shape = ModelShape.from_arch(entry.model, model_vocab(entry.model, entry.data.tokenizer))
@@ -114,7 +115,7 @@ def _side_by_side(job, workers: int) -> list[tuple[float, dict[str, float]]]:
 def _worker_main() -> None:
     import torch
 
-    from clustertrain.plan.shape import ModelShape
+    from clustertrain.core.model_shape import ModelShape
 
     job = json.loads(sys.stdin.readline())
     torch.ones(1)  # initialise before the measurement starts

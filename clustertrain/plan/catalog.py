@@ -25,9 +25,9 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from clustertrain.errors import ConfigError
+from clustertrain.core.errors import ConfigError
 from clustertrain.plan.config import PlanConfig, PriceConfig
-from clustertrain.schema import StrictModel, load_yaml_model
+from clustertrain.core.schema import StrictModel, load_yaml_model
 
 CATALOG_PATH = Path(__file__).with_name("instances.yaml")
 #: an EC2 instance type name (``p5e.48xlarge``, ``t3.micro``, ``c7g.metal-48xl``)

@@ -1,5 +1,5 @@
 """Project-file sections owned by the planner: ``plan:`` (project level) and ``models[].plan``.
-It imports nothing from clustertrain but :mod:`clustertrain.schema` (the strict base), so project.py can compose it.
+It imports nothing from clustertrain but :mod:`clustertrain.core.schema` (the strict base), so project.py can compose it.
 
 These are planning inputs only (cluster size, MFU, headroom, tokens, deadlines, prices). How a
 model's ranks split the work — dp, tp, pp, zero_stage, recompute, sequence_parallel, param_dtype —
@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from clustertrain.schema import StrictModel
+from clustertrain.core.schema import StrictModel
 
 #: removed planning keys -> where the setting lives now (one line for a project that still has them)
 MOVED = {

@@ -6,9 +6,9 @@ A model's framework is ``models[].framework``:
 
 * ``clustertrain`` — the built-in trainer (``clustertrain.train``, :data:`BUILTIN`): DDP
   (``zero_stage: 0``) or FSDP2 full sharding (``zero_stage: 3``), tensor parallelism of any degree
-  that splits the model (:func:`clustertrain.train.layout.structure_problems`) with sequence
+  that splits the model (:func:`clustertrain.core.parallel_layout.structure_problems`) with sequence
   parallelism, any pp up to the layers (``torch.distributed.pipelining``: an uneven split by compute when pp does
-  not divide them, :func:`clustertrain.train.layout.pipeline_problems`) with ``gpipe``, ``1f1b`` or interleaved
+  not divide them, :func:`clustertrain.core.parallel_layout.pipeline_problems`) with ``gpipe``, ``1f1b`` or interleaved
   virtual stages, activation recomputation ``none``/``selective``/``full``,
   bf16 or fp32 compute over fp32 master weights, attention through ``scaled_dot_product_attention``
   (flash kernels on GPU);

@@ -16,7 +16,7 @@ Model states — bytes per parameter the rank holds (Megatron's ``num_bytes_per_
   are never sharded over dp (Megatron's FSDP paths are not offered). fp32 params: 4 + 4 + Adam 8 (/d sharded).
   The bucket padding of the distributed optimizer (to multiples of lcm(d, 128) elements) is left out.
 
-Which parameters a rank holds — counted from the model's tensors (:func:`clustertrain.plan.shape.parameter_tensors`,
+Which parameters a rank holds — counted from the model's tensors (:func:`clustertrain.core.model_shape.parameter_tensors`,
 the same GPT Megatron is rendered to build, biases and learned positions included; Megatron's formula leaves
 both out and divides norms and row-parallel biases by t, which Megatron replicates): tensor-parallel tensors split
 over t, each pipeline stage L/p blocks; the first stage also the word and position embeddings, the last the final
@@ -60,8 +60,8 @@ from clustertrain.plan.memory import (  # the pipeline arithmetic is shared with
     in_flight_chunks,
     layer_activation_bytes,
 )
-from clustertrain.plan.shape import ModelShape
-from clustertrain.train.layout import ParallelLayout
+from clustertrain.core.model_shape import ModelShape
+from clustertrain.core.parallel_layout import ParallelLayout
 
 #: Megatron's --make-vocab-size-divisible-by default: the vocabulary is padded to a multiple of this x tp
 MAKE_VOCAB_SIZE_DIVISIBLE_BY = 128

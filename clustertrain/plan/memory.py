@@ -1,4 +1,4 @@
-"""Memory per rank of the built-in trainer for a :class:`~clustertrain.train.layout.ParallelLayout`
+"""Memory per rank of the built-in trainer for a :class:`~clustertrain.core.parallel_layout.ParallelLayout`
 (a Megatron-LM model's: :mod:`clustertrain.plan.megatron_memory`, which reuses the activations per block below).
 
 Notation: h hidden, f ffn_dim, a heads, s seq_len, b micro_batch, L layers, V vocab, t = tp,
@@ -6,7 +6,7 @@ d = dp, e = bytes per activation element (2 with ``param_dtype: bf16``, 4 with f
 
 Model states — counted, not estimated (:func:`trainer_state_bytes`; a test builds the real sharded
 model on gloo ranks and compares with its local shards). Per parameter tensor of
-:func:`clustertrain.plan.shape.parameter_tensors`:
+:func:`clustertrain.core.model_shape.parameter_tensors`:
   1. tensor parallelism: the tensor's tp dim (``Shard(0)`` or ``Shard(1)``) is split over t;
   2. ``zero_stage: 3`` (FSDP2): dim 0 of that tp-local tensor is split over d with ``torch.chunk``
      semantics — rank 0 holds ceil(rows / d) rows, the last ranks may hold fewer or none;
@@ -15,7 +15,7 @@ model on gloo ranks and compares with its local shards). Per parameter tensor of
      element, plus AdamW's scalar fp32 ``step`` (4 bytes) per tensor. ``param_dtype: bf16`` changes
      only the compute copy (below), never these: the sharded fp32 tensors are the master weights.
   Tied embeddings are one tensor. Pipeline parallelism (pp > 1): a rank holds the tensors of its stages
-  (:meth:`~clustertrain.train.layout.ParallelLayout.rank_stages`; the blocks of each stage by
+  (:meth:`~clustertrain.core.parallel_layout.ParallelLayout.rank_stages`; the blocks of each stage by
   :func:`stage_split`, the trainer's own split): the embeddings on stage 0, the final norm and output layer on
   the last, its blocks in between; tp and FSDP2 then split each tensor as above, and the AdamW ``step`` counts
   per tensor the rank holds.
@@ -72,8 +72,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
 
-from clustertrain.plan.shape import ModelShape, ParamTensor, parameter_tensors
-from clustertrain.train.layout import ParallelLayout, stage_costs, stage_layers
+from clustertrain.core.model_shape import ModelShape, ParamTensor, parameter_tensors
+from clustertrain.core.parallel_layout import ParallelLayout, stage_costs, stage_layers
 
 GiB = 1024**3
 #: bytes per element of a dtype name of ParallelLayout

@@ -6,7 +6,7 @@ nodes (allocated by :func:`clustertrain.plan.allocate.allocate`); without it the
 another, each on ``models[].plan.nodes`` or ``cluster.nodes``.
 
 Each model is planned with its ``models[].parallelism`` section, the one the trainer reads, resolved
-into a :class:`~clustertrain.train.layout.ParallelLayout` on the node count it gets
+into a :class:`~clustertrain.core.parallel_layout.ParallelLayout` on the node count it gets
 (``ModelPlan.layout``); a setting its framework (:mod:`clustertrain.plan.frameworks`) lacks makes it
 infeasible. The built-in trainer's pipeline stages (``parallelism.pp > 1``) are planned on their most loaded
 pipeline rank, with the pipeline bubble in the step time; its data-parallel collectives per step are set against
@@ -24,14 +24,15 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from clustertrain.errors import ConfigError
+from clustertrain.core.errors import ConfigError
 from clustertrain.plan.allocate import DAY, Allocation, Evaluation, Hardware, ModelSpec, allocate, evaluate
 from clustertrain.plan.catalog import Instance, find_instance, load_catalog
 from clustertrain.plan.frameworks import BUILTIN, MEGATRON, framework_of
 from clustertrain.plan.megatron_memory import MegatronMemory, megatron_layout_text, megatron_vocab
 from clustertrain.plan.memory import TrainerMemory
-from clustertrain.plan.shape import ModelShape, model_vocab
-from clustertrain.train.layout import ParallelLayout
+from clustertrain.core.model_shape import ModelShape
+from clustertrain.data.tokenizers import model_vocab
+from clustertrain.core.parallel_layout import ParallelLayout
 
 
 @dataclass

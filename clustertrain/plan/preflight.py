@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from clustertrain.errors import ClusterTrainError
-from clustertrain.findings import Finding
+from clustertrain.core.errors import ClusterTrainError
+from clustertrain.core.findings import Finding
 
 if TYPE_CHECKING:
     from clustertrain.plan.plan import Plan

@@ -17,7 +17,7 @@ Collectives per step (what the trainer's FSDP2 and DDP do; :mod:`clustertrain.tr
 * DDP — one all-reduce of the fp32 gradients per step (``no_sync`` until the last micro-batch): 2 x 4 P.
 
 Across the network: a data-parallel group of d ranks has g = min(d, GPUs per node / tp) of them on each node
-(ranks are tp-innermost, :mod:`clustertrain.train.layout`), so a node hosts GPUs-per-node / g groups. Each
+(ranks are tp-innermost, :mod:`clustertrain.core.parallel_layout`), so a node hosts GPUs-per-node / g groups. Each
 collective brings into a node the group's tensor less the node's own shards, (d - g) / d of it (a ring or tree
 crossing each node boundary once per chunk): node bytes = groups per node x (d - g) / d x the bytes above. At the
 node's network bandwidth (``network_gbps`` of the catalog, EFA on p4/p5) that takes ``seconds``; with d <= g the
@@ -31,8 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from clustertrain.plan.memory import DTYPE_BYTES, GRAD_BYTES, _held_numel, _local_numel, rank_parts
-from clustertrain.plan.shape import ModelShape
-from clustertrain.train.layout import ParallelLayout
+from clustertrain.core.model_shape import ModelShape
+from clustertrain.core.parallel_layout import ParallelLayout
 
 
 @dataclass(frozen=True)

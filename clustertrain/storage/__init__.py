@@ -11,12 +11,12 @@ Modules: ``store`` (the protocol, its options and optional abilities), ``stores`
 the functions: a submodule would shadow them as package attributes).
 """
 
-from clustertrain.lazy import lazy_exports
+from clustertrain.core.lazy import lazy_exports
 
 _PUBLIC = {
-    "BackupResult": "clustertrain.storage.backup",
-    "backup_directory": "clustertrain.storage.backup",
-    "restore_directory": "clustertrain.storage.backup",
+    "BackupResult": "clustertrain.storage.directory_backup",
+    "backup_directory": "clustertrain.storage.directory_backup",
+    "restore_directory": "clustertrain.storage.directory_backup",
     "FileStore": "clustertrain.storage.file",
     "Manifest": "clustertrain.storage.manifest",
     "ManifestEntry": "clustertrain.storage.manifest",

@@ -7,7 +7,7 @@ import shutil
 import uuid
 from pathlib import Path
 
-from clustertrain.errors import StorageError
+from clustertrain.core.errors import StorageError
 from clustertrain.storage.manifest import hash_file, scan_directory
 from clustertrain.storage.store import (
     PARTIAL_SUFFIX,

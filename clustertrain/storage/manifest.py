@@ -35,9 +35,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from clustertrain.errors import StorageError
-from clustertrain.rundir import write_atomic
-from clustertrain.schema import StoredModel, validate_model
+from clustertrain.core.errors import StorageError
+from clustertrain.core.run_paths import write_atomic
+from clustertrain.core.schema import StoredModel, validate_model
 from clustertrain.storage.progress import make_progress
 from clustertrain.storage.store import CACHE_NAME, MANIFEST_NAME, PARTIAL_SUFFIX, check_key, is_ours
 

@@ -32,7 +32,7 @@ from boto3.exceptions import RetriesExceededError, S3UploadFailedError
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config as BotoConfig
 
-from clustertrain.errors import StorageError
+from clustertrain.core.errors import StorageError
 from clustertrain.storage.store import (
     RESERVED_NAMES,
     IncompleteCleanup,

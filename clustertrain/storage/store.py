@@ -22,8 +22,8 @@ from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import Field
 
-from clustertrain.errors import StorageError
-from clustertrain.schema import StrictModel
+from clustertrain.core.errors import StorageError
+from clustertrain.core.schema import StrictModel
 
 MANIFEST_NAME = ".clustertrain-manifest.json"
 """Key of the manifest at a store's root: written last, so its presence marks a complete copy."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from clustertrain.errors import StorageError
+from clustertrain.core.errors import StorageError
 from clustertrain.storage.file import FileStore
 from clustertrain.storage.store import ObjectStore, StoreConfig
 

@@ -20,7 +20,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from clustertrain.errors import StorageError
+from clustertrain.core.errors import StorageError
 from clustertrain.storage.manifest import Manifest, ManifestEntry, hash_file, parse_manifest, scan_directory
 from clustertrain.storage.progress import make_progress
 from clustertrain.storage.store import (

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from clustertrain.errors import StorageError
+from clustertrain.core.errors import StorageError
 from clustertrain.storage.manifest import Manifest, ManifestEntry, hash_file, parse_manifest
 from clustertrain.storage.store import MANIFEST_NAME, LocalPaths, MissingObjectError, ObjectInfo, ObjectStore, StoreConfig
 from clustertrain.storage.stores import open_store

@@ -2,6 +2,6 @@
 checkpoint, metrics, signals). Runs on compute nodes: imports nothing from cloud/, launch/ or cli.
 
 Public API (import from the submodules; this package imports nothing heavy at import time):
-``clustertrain.train.entry.main``, ``clustertrain.train.checkpoint.find_latest``,
+``clustertrain.train.entry.main``, ``clustertrain.core.checkpoint_format.find_latest``,
 ``clustertrain.train.metrics.read_metrics``, ``clustertrain.train.model.GPT``.
 """

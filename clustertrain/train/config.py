@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from clustertrain.schema import StrictModel
+from clustertrain.core.schema import StrictModel
 
 
 class ArchConfig(StrictModel):
@@ -123,7 +123,7 @@ MEGATRON_ZERO_STAGES = {
 
 class ParallelismConfig(StrictModel):
     """How one model's ranks split the work — read by the planner and the trainer alike
-    (:mod:`clustertrain.train.layout` resolves it against a world size). What only one framework can do is
+    (:mod:`clustertrain.core.parallel_layout` resolves it against a world size). What only one framework can do is
     checked by :func:`builtin_problems` (the built-in trainer) or :mod:`clustertrain.megatron.rules`."""
 
     dp: int | Literal["auto"] = Field("auto", description="Data-parallel degree; `auto` = world size / (tp x pp).")
@@ -221,7 +221,7 @@ def microbatch_problems(par: ParallelismConfig, microbatches: int) -> list[tuple
 
 def builtin_problems(par: ParallelismConfig, arch: ArchConfig | None = None) -> list[tuple[str, str]]:
     """(field, problem) for a layout the built-in trainer cannot run (whatever the world size); with ``arch``, also
-    tied embeddings across pipeline stages (the stages' split: :func:`clustertrain.train.layout.pipeline_problems`)."""
+    tied embeddings across pipeline stages (the stages' split: :func:`clustertrain.core.parallel_layout.pipeline_problems`)."""
     out: list[tuple[str, str]] = []
     if arch is not None and par.pp > 1:
         if arch.tie_embeddings:

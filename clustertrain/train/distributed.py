@@ -1,11 +1,11 @@
 """Process-group setup for the ranks of a run. Who a process is (rank, world, rendezvous) is
-:mod:`clustertrain.ranks`'s rule, shared with ``validate/`` and the batch scripts."""
+:mod:`clustertrain.core.ranks`'s rule, shared with ``validate/`` and the batch scripts."""
 
 from __future__ import annotations
 
 import datetime
 
-from clustertrain.ranks import RankInfo
+from clustertrain.core.ranks import RankInfo
 
 #: the rank value the trainer takes (``RankInfo.from_environ()``); the old name, kept for importers
 RankEnv = RankInfo

@@ -3,7 +3,7 @@
 The same entry point runs under the local launcher (RANK/WORLD_SIZE/... set by it), under
 torchrun, and under ``srun`` (SLURM_PROCID/SLURM_NTASKS/...). It reads ``RUN_DIR/config.yaml``
 (written by the launcher; read leniently, with the version check of
-:func:`clustertrain.runstate.read_resolved_config`), pins the local GPU when there is one, starts the
+:func:`clustertrain.core.run_records.read_resolved_config`), pins the local GPU when there is one, starts the
 node sampler on each node's first rank (:mod:`clustertrain.monitor.sampler`: inside the same container and
 step as the ranks, so it sees their GPUs and ends with them), trains, and ends with a barrier and
 ``destroy_process_group`` (not after a failure: see below). Fault injection: :mod:`clustertrain.train.hooks`.
@@ -15,10 +15,10 @@ import os
 import sys
 from pathlib import Path
 
-from clustertrain.errors import ClusterTrainError, ConfigError
+from clustertrain.core.errors import ClusterTrainError, ConfigError
 from clustertrain.project import Project
-from clustertrain.rundir import RunPaths
-from clustertrain.runstate import UNKNOWN_VERSION, read_resolved_config, read_run_info
+from clustertrain.core.run_paths import RunPaths
+from clustertrain.core.run_records import UNKNOWN_VERSION, read_resolved_config, read_run_info
 
 EXIT_OK = 0
 
@@ -36,13 +36,13 @@ def load_resolved(paths: RunPaths, rank: int = 0) -> Project:
 
 
 def run_rank(run_dir: Path, model_name: str) -> int:
-    """One rank: its heartbeat (:mod:`clustertrain.train.heartbeat`) from the start, then training; the heartbeat's last
+    """One rank: its heartbeat (:mod:`clustertrain.train.heartbeat_writer`) from the start, then training; the heartbeat's last
     record says how the rank left (done, its own error, or a failure)."""
-    from clustertrain.monitor.heartbeats import EXIT_WATCHDOG
+    from clustertrain.core.heartbeat_files import EXIT_WATCHDOG
     from clustertrain.train.distributed import RankEnv
-    from clustertrain.train.heartbeat import Beacon
+    from clustertrain.train.heartbeat_writer import Beacon
     from clustertrain.train.signals import StopRequest
-    from clustertrain.train.watch import job_id, node_name
+    from clustertrain.train.run_recorder import job_id, node_name
 
     stop = StopRequest().install()
     paths = RunPaths(Path(run_dir))
@@ -78,11 +78,11 @@ def _train(project, entry, paths: RunPaths, env, stop, beacon) -> int:
     import torch
 
     from clustertrain.monitor.sampler import start_sampler, stop_sampler
-    from clustertrain.train.backup import CheckpointBackup
+    from clustertrain.train.checkpoint_backup import CheckpointBackup
     from clustertrain.train.distributed import init_process_group, shutdown_process_group
     from clustertrain.train.hooks import Injections
     from clustertrain.train.trainer import Trainer, write_status
-    from clustertrain.train.watch import node_name
+    from clustertrain.train.run_recorder import node_name
 
     cluster = project.cluster
     if cluster.gpus_per_node > 0:
@@ -115,7 +115,7 @@ def _train(project, entry, paths: RunPaths, env, stop, beacon) -> int:
         write_status(paths, outcome, backup)
     shutdown_process_group()  # the other ranks exit now; rank 0 waits for its last backup alone
     if backup is not None:
-        beacon.phase("upload")  # not a hang however long it takes (clustertrain.monitor.hang.UNBOUNDED)
+        beacon.phase("upload")  # not a hang however long it takes (clustertrain.monitor.hang_rules.UNBOUNDED)
         if backup.busy():
             _log(f"waiting for the backup of {outcome.checkpoint.name if outcome.checkpoint else 'the last checkpoint'}")
         backup.close()
@@ -129,7 +129,7 @@ def _train(project, entry, paths: RunPaths, env, stop, beacon) -> int:
 def _lost_peer(error: BaseException | None) -> str:
     """The first line of ``error`` when it says a peer process died (gloo's "Connection closed by peer", …), else
     ''. The launcher (:func:`clustertrain.launch.local._cause`) skips such a rank when it names the failure."""
-    from clustertrain.ranks import PEER_FAILED_RE
+    from clustertrain.core.ranks import PEER_FAILED_RE
 
     text = str(error or "").strip().splitlines()
     return text[0][:300] if text and PEER_FAILED_RE.search(text[0]) else ""

@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
-from clustertrain.errors import ConfigError
+from clustertrain.core.errors import ConfigError
 
 FAILURE_ENV = "CLUSTERTRAIN_INJECT_FAILURE"
 NAN_ENV = "CLUSTERTRAIN_INJECT_NAN"

@@ -6,7 +6,7 @@ Each line of metrics.jsonl is one JSON object for one logged step::
      "step_time_s": 0.094, "mfu": null, "tokens": 40960, "time": 1763772000.0}
 
 With several ranks a row also carries ``slowest_rank``, ``slowest_node``, ``slowest_part`` (data | compute) and
-``spread_s`` (:func:`clustertrain.monitor.alarms.spread` over every rank's step timing, gathered at that step).
+``spread_s`` (:func:`clustertrain.train.alarms.spread` over every rank's step timing, gathered at that step).
 ``mfu`` is model FLOPs utilisation (flops_per_token x tokens/s / (peak x GPUs)); it is null where
 the peak is unknown (CPUs, GPUs without a bf16 peak). The peak is the GPU's dense bf16 figure from the
 instance catalog (``clustertrain/plan/instances.yaml``). On resume from step S, lines with step > S are
@@ -19,9 +19,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from clustertrain.monitor.records import read_jsonl
+from clustertrain.core.run_events import read_jsonl
 from clustertrain.plan.catalog import read_catalog
-from clustertrain.rundir import write_atomic
+from clustertrain.core.run_paths import write_atomic
 
 
 def peak_flops_for(device_name: str | None) -> float | None:

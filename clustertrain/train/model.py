@@ -9,7 +9,7 @@ is meant to be built on the meta device, sharded, materialised (``to_empty``) an
 with :meth:`GPT.init_weights`, which gives every parameter the same values whatever the layout.
 
 Parameter names (FQNs) are the checkpoint's keys and the planner's tensor list
-(:func:`clustertrain.plan.shape.parameter_tensors`)::
+(:func:`clustertrain.core.model_shape.parameter_tensors`)::
 
     tok_emb.weight [V,h]   pos_emb.weight [s,h]
     blocks.{i}.norm1.*  blocks.{i}.attn.{wq,wk,wv,wo}.{weight,bias}
@@ -37,9 +37,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from clustertrain.plan.shape import training_flops_per_token
+from clustertrain.core.model_shape import training_flops_per_token
 from clustertrain.train.config import ArchConfig
-from clustertrain.train.layout import VOCAB_PAD
+from clustertrain.core.parallel_layout import VOCAB_PAD
 
 #: wrapper prefixes torch adds to parameter names (activation checkpointing, torch.compile)
 _WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.")
@@ -235,5 +235,5 @@ def _copy_shard(p: torch.Tensor, full: torch.Tensor) -> None:
 
 def flops_per_token(arch: ArchConfig, non_embedding_params: int) -> float:
     """Training FLOPs per token of ``arch`` with ``non_embedding_params`` (the planner's formula,
-    :func:`clustertrain.plan.shape.training_flops_per_token`)."""
+    :func:`clustertrain.core.model_shape.training_flops_per_token`)."""
     return training_flops_per_token(non_embedding_params, arch.layers, arch.heads, arch.head_dim, arch.seq_len)

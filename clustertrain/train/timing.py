@@ -1,6 +1,6 @@
 """Per-rank step timing: where each rank's time per step goes (data, compute, comm), from timestamps around what
 the loop already does. Each rank appends one line per logged step to ``RUN_DIR/timing/rank<R>.jsonl`` (format:
-:mod:`clustertrain.monitor.records`, ``TimingRow``); at the same logged step every rank's means travel to rank 0
+:mod:`clustertrain.core.run_events`, ``TimingRow``); at the same logged step every rank's means travel to rank 0
 with the loss, in the one gather that replaces the loss all-reduce (:meth:`StepTimer.gather`), so the timing adds
 no collective of its own.
 """
@@ -16,7 +16,7 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
-from clustertrain.monitor.alarms import RankTiming
+from clustertrain.train.alarms import RankTiming
 
 PARTS = ("data", "forward", "compute", "comm")  # forward is also part of compute
 

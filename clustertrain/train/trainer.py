@@ -1,6 +1,6 @@
 """The training loop of one rank: the layout's parallel model (:mod:`clustertrain.train.parallel`),
 grad accumulation, clipping, the learning-rate schedule, checkpoints (sync or async), metrics, per-rank
-step timing (:mod:`clustertrain.train.timing`), alarms and the run's own state (:mod:`clustertrain.train.watch`)
+step timing (:mod:`clustertrain.train.timing`), alarms and the run's own state (:mod:`clustertrain.train.run_recorder`)
 and a graceful stop. A non-finite gradient norm (or logged loss) stops every rank at that step, before the
 optimizer applies it and without saving it. Started by :func:`clustertrain.train.entry.main`. The loop does not know which
 parallelisms are on: it asks the :class:`~clustertrain.train.parallel.ParallelModel` for a
@@ -23,28 +23,29 @@ import torch.distributed as dist
 
 from clustertrain.data import GPTSamples, load_tokenizer, read_manifest
 from clustertrain.data.vocab import check_vocab
-from clustertrain.errors import ConfigError, DataError, RunDirError, TrainingError
-from clustertrain.layout import storage_layout
-from clustertrain.monitor.records import Event, EventKind, Severity
+from clustertrain.core.errors import ConfigError, DataError, RunDirError, TrainingError
+from clustertrain.core.storage_layout import storage_layout
+from clustertrain.core.run_events import Event, EventKind, Severity
 from clustertrain.project import ModelEntry, Project, architecture_fingerprint
-from clustertrain.rundir import RunPaths
-from clustertrain.runstate import RunStatus, mark_started, read_run_info, write_status_record
-from clustertrain.states import State
-from clustertrain.train.backup import CheckpointBackup, is_due
-from clustertrain.train.checkpoint import CheckpointManager, check_ownership, clean_stale, find_latest, read_meta
+from clustertrain.core.run_paths import RunPaths
+from clustertrain.core.run_records import RunStatus, mark_started, read_run_info, write_status_record
+from clustertrain.core.states import State
+from clustertrain.train.checkpoint_backup import CheckpointBackup, is_due
+from clustertrain.core.checkpoint_format import check_ownership, find_latest, read_meta
+from clustertrain.train.checkpoint import CheckpointManager, clean_stale
 from clustertrain.train.distributed import RankEnv
-from clustertrain.train.heartbeat import Beacon
+from clustertrain.train.heartbeat_writer import Beacon
 from clustertrain.train.hooks import Injections
-from clustertrain.train.layout import LayoutError, ParallelLayout, resolve_layout
+from clustertrain.core.parallel_layout import LayoutError, ParallelLayout, resolve_layout
 from clustertrain.train.metrics import MetricsWriter, peak_flops_for
 from clustertrain.train.model import flops_per_token, padded_vocab
 from clustertrain.train.optim import build_optimizer, lr_at, set_lr
 from clustertrain.train.parallel import build_parallel_model
 from clustertrain.train.parallel.compile import check_compiler
 from clustertrain.train.signals import StopRequest
-from clustertrain.train.state import TrainState, app_state
+from clustertrain.train.checkpoint_state import TrainState, app_state
 from clustertrain.train.timing import StepTimer
-from clustertrain.train.watch import RunWatch, node_name
+from clustertrain.train.run_recorder import RunWatch, node_name
 
 
 @dataclass
@@ -118,7 +119,7 @@ class Trainer:
             protected=backup.protected if backup is not None else None,
         )
         if env.rank == 0:
-            mark_started(paths)  # not completed until this run of the ranks says so (clustertrain.runstate)
+            mark_started(paths)  # not completed until this run of the ranks says so (clustertrain.core.run_records)
             clean_stale(paths.checkpoints)
         if resume:
             self._resume()
@@ -456,7 +457,7 @@ def dataset_vocab(dataset: str, entry: ModelEntry) -> int:
 
 def write_status(paths: RunPaths, outcome: Outcome, backup: CheckpointBackup | None = None) -> None:
     """``status.json``, then (when training reached its last step) the ``COMPLETED`` marker: formats in
-    :mod:`clustertrain.runstate`; backup fields in :mod:`clustertrain.train.backup`."""
+    :mod:`clustertrain.core.run_records`; backup fields in :mod:`clustertrain.train.checkpoint_backup`."""
     fields = {"backup": outcome.backup, **(backup.status_fields(outcome.checkpoint) if backup is not None else {})}
     status = RunStatus(state=outcome.state, step=outcome.step, signal=outcome.signal,
                        checkpoint=str(outcome.checkpoint) if outcome.checkpoint else None,

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from clustertrain.schema import StoredModel
+from clustertrain.core.schema import StoredModel
 
 Verdict = Literal["pass", "warn", "fail", "not-applicable"]
 _RANK = {"not-applicable": 0, "pass": 1, "warn": 2, "fail": 3}

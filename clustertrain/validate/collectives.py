@@ -5,7 +5,7 @@ measure is :class:`~clustertrain.validate.collectives_config.CollectivesConfig` 
 ``run_collectives(spec)`` measures ``all_reduce, all_gather, broadcast, reduce, reduce_scatter,
 alltoall`` and returns rank 0's merged :class:`~clustertrain.validate.results.CollectiveRun`:
 
-* inside a job (:func:`job_env`: :func:`clustertrain.ranks.detect_ranks`, the same rank and
+* inside a job (:func:`job_env`: :func:`clustertrain.core.ranks.detect_ranks`, the same rank and
   rendezvous rules as training and the batch scripts) every rank calls ``run_collectives``;
 * otherwise :func:`launch_local` starts ``spec.nproc`` ranks on 127.0.0.1 with a free port
   (:func:`clustertrain.launch.local_ranks.start_local_ranks`, the launcher of local training too).
@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Mapping
 
 from clustertrain.launch.local_ranks import reap_ranks, start_local_ranks
-from clustertrain.ranks import RankInfo, detect_ranks
-from clustertrain.rundir import write_atomic
+from clustertrain.core.ranks import RankInfo, detect_ranks
+from clustertrain.core.run_paths import write_atomic
 from clustertrain.validate.collectives_config import FAULT_RE, CollectivesConfig
 from clustertrain.validate.collectives_rank import run_rank
 from clustertrain.validate.results import CollectiveRun

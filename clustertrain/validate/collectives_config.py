@@ -8,7 +8,7 @@ import re
 
 from pydantic import Field, field_validator
 
-from clustertrain.schema import StrictModel
+from clustertrain.core.schema import StrictModel
 from clustertrain.validate.results import ALL_OPS, ValidateError
 from clustertrain.validate.thresholds import CPU_SWEEP_MAX_BYTES, GPU_SWEEP_MIN_BYTES
 

@@ -18,7 +18,7 @@ import datetime
 import os
 import time
 
-from clustertrain.ranks import RankInfo
+from clustertrain.core.ranks import RankInfo
 from clustertrain.validate.collectives_config import FAULT_RE, CollectivesConfig
 from clustertrain.validate.results import CollectiveReport, CollectiveRow, CollectiveRun, ValidateError, bus_factor
 

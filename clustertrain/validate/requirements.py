@@ -30,7 +30,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from clustertrain.plan.catalog import read_catalog
-from clustertrain.schema import StrictModel, load_yaml_model
+from clustertrain.core.schema import StrictModel, load_yaml_model
 from clustertrain.validate.probes import parse_version
 from clustertrain.validate.results import ValidateError
 

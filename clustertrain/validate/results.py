@@ -26,8 +26,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from clustertrain.errors import ClusterTrainError
-from clustertrain.schema import StoredModel
+from clustertrain.core.errors import ClusterTrainError
+from clustertrain.core.schema import StoredModel
 
 FORMAT_VERSION = 1
 

@@ -19,7 +19,7 @@ from typing import Literal
 from pydantic import Field
 
 import clustertrain.validate.probes as probes  # the module, not the package: no import circle with __init__
-from clustertrain.schema import StoredModel
+from clustertrain.core.schema import StoredModel
 from clustertrain.validate.probes import Finding, version_at_least
 from clustertrain.validate.requirements import (  # noqa: F401  (re-exported: the table's format lives there)
     DEFAULT_REQUIREMENTS, FamilyConfig, Level, Minimum, MinimumsConfig, RequirementsConfig, Role, family_entry,

@@ -32,7 +32,7 @@ from typing import Literal
 import psutil
 from pydantic import Field
 
-from clustertrain.schema import StrictModel
+from clustertrain.core.schema import StrictModel
 from clustertrain.validate.results import StorageResult, StorageRun, ValidateError
 from clustertrain.validate.storageparse import load_json_output, parse_fio_json
 

@@ -22,12 +22,12 @@ from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 
-from clustertrain.errors import LaunchError
+from clustertrain.core.errors import LaunchError
 from clustertrain.launch.batch import batch_state, cancel_job, submit_script
-from clustertrain.layout import off_mount_problems, storage_layout
+from clustertrain.core.storage_layout import off_mount_problems, storage_layout
 from clustertrain.project import Project
-from clustertrain.rundir import write_atomic
-from clustertrain.states import State
+from clustertrain.core.run_paths import write_atomic
+from clustertrain.core.states import State
 from clustertrain.validate.checks import CheckRow, Verdict, worst  # noqa: F401  (re-exported)
 from clustertrain.validate.results import ValidateError
 from clustertrain.validate.suite_checks import CHECKS
@@ -50,7 +50,7 @@ UNITS = {unit.NAME: unit for unit in CHECKS}
 
 def validation_base(project: Project) -> Path:
     """Where suites of ``project`` go; for an ``aws:`` project it must be on one of its shared mounts (the
-    layout's rule, :func:`~clustertrain.layout.off_mount_problems`), else one line naming the field."""
+    layout's rule, :func:`~clustertrain.core.storage_layout.off_mount_problems`), else one line naming the field."""
     layout = storage_layout(project)
     for field_name, message in off_mount_problems(project):
         if field_name in (layout.origin["outputs"], "aws.fsx"):

@@ -12,9 +12,9 @@ in a directory named for its start time, ``<YYYYmmdd-HHMMSS>/`` (``-1``, ``-2``.
                               did not finish
 
 ``report.json`` (``format_version`` 1): the project, nodes, instance type, the thresholds.yaml entry used,
-the directory, the start time, one :class:`JobOutcome` per job (state as :class:`~clustertrain.states.State`,
+the directory, the start time, one :class:`JobOutcome` per job (state as :class:`~clustertrain.core.states.State`,
 Slurm's own spelling kept in ``slurm_state``) and one :class:`~clustertrain.validate.checks.CheckRow` per
-check; ``failed`` is true when any row failed. Read back leniently (:class:`~clustertrain.schema.StoredModel`).
+check; ``failed`` is true when any row failed. Read back leniently (:class:`~clustertrain.core.schema.StoredModel`).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from typing import Annotated
 
 from pydantic import BeforeValidator, Field
 
-from clustertrain.rundir import write_atomic
-from clustertrain.schema import StoredModel
-from clustertrain.states import State
+from clustertrain.core.run_paths import write_atomic
+from clustertrain.core.schema import StoredModel
+from clustertrain.core.states import State
 from clustertrain.validate.checks import CheckRow
 
 FORMAT_VERSION = 1

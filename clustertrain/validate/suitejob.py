@@ -5,7 +5,7 @@ A check unit (:mod:`clustertrain.validate.suite_checks`) plans its jobs as :clas
 judges what they left. This module holds those values, :func:`new_job` (a job with the project's Slurm
 settings), :func:`srun_step` (one ``srun`` argv whose output lands in the job's results directory),
 :func:`render_job` (the batch script, ``launch/templates/validate.sh.j2`` through
-:mod:`clustertrain.templating`) and :func:`job_rows` (the ``job`` row every job gets).
+:mod:`clustertrain.core.templating`) and :func:`job_rows` (the ``job`` row every job gets).
 
 Quoting: ``#SBATCH`` values go through :func:`~clustertrain.launch.sbatch.sbatch_quote` (filter ``sq``),
 everything in the shell body through ``shlex.quote`` (filter ``q``); ``%`` in a Slurm file name is written
@@ -20,15 +20,16 @@ from pathlib import Path
 
 from pydantic import Field
 
-from clustertrain import __version__, templating
-from clustertrain.errors import LaunchError
+from clustertrain import __version__
+from clustertrain.core import templating
+from clustertrain.core.errors import LaunchError
 from clustertrain.launch.config import ENV_NAME_RE
 from clustertrain.launch.presets import RankEnvironment
 from clustertrain.launch.sbatch import TEMPLATES, check_renderable, sbatch_quote, slurm_filename
 from clustertrain.project import Project
-from clustertrain.ranks import batch_lines
-from clustertrain.schema import StrictModel
-from clustertrain.states import State
+from clustertrain.core.ranks import batch_lines
+from clustertrain.core.schema import StrictModel
+from clustertrain.core.states import State
 from clustertrain.validate.checks import CheckRow
 from clustertrain.validate.collectives_config import CollectivesConfig
 from clustertrain.validate.storagebench import StorageBenchConfig

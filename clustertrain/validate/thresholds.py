@@ -22,7 +22,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from clustertrain.schema import StrictModel, load_yaml_model
+from clustertrain.core.schema import StrictModel, load_yaml_model
 from clustertrain.validate.checks import CheckRow
 from clustertrain.validate.results import CollectiveRun, ValidateError, format_size, parse_size
 
@@ -58,7 +58,7 @@ class ThresholdsConfig(StrictModel):
 
 def load_thresholds(path: str | Path | None = None) -> ThresholdsConfig:
     """``thresholds.yaml`` (the bundled table without ``path``); a mistake is one line naming ``file:line`` and
-    the key (:func:`clustertrain.schema.load_yaml_model`)."""
+    the key (:func:`clustertrain.core.schema.load_yaml_model`)."""
     return load_yaml_model(Path(path) if path else DEFAULT_THRESHOLDS, ThresholdsConfig, error=ValidateError)
 
 

@@ -13,7 +13,8 @@ import botocore.exceptions
 import pytest
 
 from clustertrain.cloud.infra import build_infra_template, render_infra_template
-from clustertrain.project import Project, load_project
+from clustertrain.project import Project
+from clustertrain.resolve import load_project
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "p5e-80x7.yaml"
 

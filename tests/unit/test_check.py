@@ -12,8 +12,8 @@ import pytest
 
 from clustertrain.check import require_clean, run_check
 from clustertrain.cli import main
-from clustertrain.errors import ConfigError
-from clustertrain.project import load_project
+from clustertrain.core.errors import ConfigError
+from clustertrain.resolve import load_project
 
 ROOT = Path(__file__).resolve().parents[2]
 P5E = ROOT / "examples" / "p5e-80x7.yaml"

@@ -177,10 +177,10 @@ def test_the_graph_sees_the_shapes_it_must():
         "from . import rundir\n"
         "from .launch import slurmcli\n"
         "if TYPE_CHECKING:\n    from clustertrain.project import Project\n"
-        "def f():\n    import clustertrain.plan.plan\n    from clustertrain.states import State\n"
+        "def f():\n    import clustertrain.plan.plan\n    from clustertrain.core.states import State\n"
     )
     found = _imports(ast.parse(code), "clustertrain.check", is_package=False)
-    assert {"clustertrain.rundir", "clustertrain.launch.slurmcli", "clustertrain.plan.plan", "clustertrain.states"} <= found
+    assert {"clustertrain.core.run_paths", "clustertrain.launch.slurmcli", "clustertrain.plan.plan", "clustertrain.core.states"} <= found
     assert "clustertrain.project" not in found
     lazy = _imports(ast.parse("from clustertrain.storage import sync"), "clustertrain.x", is_package=False)
     assert lazy == {"clustertrain.storage", "clustertrain.storage.syncing"}  # through the lazy table

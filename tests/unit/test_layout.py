@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 from clustertrain.cloud.scripts import model_dirs
-from clustertrain.errors import ConfigError
+from clustertrain.core.errors import ConfigError
 from clustertrain.launch.prepare import default_run_dir
 from clustertrain.launch.sbatch import build_request
-from clustertrain.layout import mount_of, off_mount_problems, project_dirs, storage_layout
-from clustertrain.project import load_project, validate_project
+from clustertrain.core.storage_layout import mount_of, off_mount_problems, project_dirs, storage_layout
+from clustertrain.project import validate_project
+from clustertrain.resolve import load_project
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from clustertrain.errors import ConfigError
-from clustertrain.project import architecture_fingerprint, load_project
+from clustertrain.core.errors import ConfigError
+from clustertrain.project import architecture_fingerprint
+from clustertrain.resolve import load_project
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
@@ -190,19 +191,19 @@ def test_sections_live_in_their_stages_and_import_no_project_or_heavy_library():
 
     from clustertrain import project
     from clustertrain.data.config import DataConfig
-    from clustertrain.schema import StrictModel
+    from clustertrain.core.schema import StrictModel
     from clustertrain.train.config import ArchConfig, ParallelismConfig, TrainingConfig
 
     entry = project.ModelEntry.model_fields
     assert (entry["model"].annotation, entry["training"].annotation) == (ArchConfig, TrainingConfig)
     assert (entry["parallelism"].annotation, entry["data"].annotation) == (ParallelismConfig, DataConfig)
     sections = ("train/config.py", "data/config.py", "plan/config.py", "launch/config.py", "cloud/config.py", "cloud/limits.py")
-    allowed = {"clustertrain.schema", "clustertrain.errors", "clustertrain.cloud.limits"}
+    allowed = {"clustertrain.core.schema", "clustertrain.core.errors", "clustertrain.cloud.limits"}
     for rel in (*sections, "project.py"):
         tree = ast.parse((ROOT / "clustertrain" / rel).read_text())
         imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
         ours = {m for m in imported if m.startswith("clustertrain")}
-        assert "clustertrain.layout" not in ours, rel  # layout derives paths from a project, not the reverse
+        assert "clustertrain.core.storage_layout" not in ours, rel  # layout derives paths from a project, not the reverse
         if rel != "project.py":
             assert ours <= allowed, (rel, ours - allowed)
 

@@ -1,4 +1,4 @@
-"""clustertrain.ranks: Slurm hostlists, the rendezvous port rule, Slurm/torchrun variables -> RankInfo.
+"""clustertrain.core.ranks: Slurm hostlists, the rendezvous port rule, Slurm/torchrun variables -> RankInfo.
 That training, validation and the batch script agree on one environment is tested on the rendered
 script in tests/unit/launch/test_sbatch.py (test_train_validate_and_the_batch_script_agree_on_the_ranks)."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from clustertrain.errors import ClusterTrainError
-from clustertrain.ranks import (
+from clustertrain.core.errors import ClusterTrainError
+from clustertrain.core.ranks import (
     PORT_BASE,
     PORT_SPAN,
     RankError,

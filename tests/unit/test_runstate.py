@@ -1,4 +1,4 @@
-"""The typed records of a run directory (clustertrain.runstate, checkpoint meta.json, jobs.jsonl and end
+"""The typed records of a run directory (clustertrain.core.run_records, checkpoint meta.json, jobs.jsonl and end
 markers): old files still read, fields a newer version added are ignored, the writer's version is recorded;
 and the lenient read of the resolved config.yaml with its version check."""
 
@@ -10,18 +10,18 @@ import pytest
 import yaml
 
 from clustertrain import __version__
-from clustertrain.errors import ConfigError, RunDirError
-from clustertrain.launch.jobs import JobRecord, add_record, read_end_marker, read_records
+from clustertrain.core.errors import ConfigError, RunDirError
+from clustertrain.core.job_records import JobRecord, add_record, read_end_marker, read_records
 from clustertrain.launch.slurm import to_job_status
 from clustertrain.launch.slurm_query import JobState
 from clustertrain.project import Project, dump_project, validate_project
-from clustertrain.rundir import RunPaths
-from clustertrain.runstate import (
+from clustertrain.core.run_paths import RunPaths
+from clustertrain.core.run_records import (
     BackupRecord, BackupState, RunInfo, RunStatus, mark_started, read_resolved_config, read_run_info, read_status,
     write_record, write_status_record,
 )
-from clustertrain.states import State
-from clustertrain.train.checkpoint import CheckpointMeta, read_meta
+from clustertrain.core.states import State
+from clustertrain.core.checkpoint_format import CheckpointMeta, read_meta
 
 # status.json and run.json exactly as clustertrain 0.1.0 (before the typed records) wrote them
 OLD_STATUS = {"state": "stopped", "step": 12, "signal": "SIGUSR2", "checkpoint": "/r/checkpoints/step_00000012",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from clustertrain.errors import ConfigError, DataError
-from clustertrain.schema import StoredModel, StrictModel, load_yaml_model
+from clustertrain.core.errors import ConfigError, DataError
+from clustertrain.core.schema import StoredModel, StrictModel, load_yaml_model
 
 
 class Inner(StrictModel):

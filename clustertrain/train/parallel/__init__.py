@@ -1,4 +1,4 @@
-"""Build a model for a :class:`~clustertrain.train.layout.ParallelLayout`: the device mesh, then each
+"""Build a model for a :class:`~clustertrain.core.parallel_layout.ParallelLayout`: the device mesh, then each
 parallelism in torchtitan's order — tensor parallelism, activation checkpointing, compile, data
 parallelism (FSDP2 or DDP) — on the meta device, then materialise and initialise the local shards; with
 pipeline parallelism, the rank's stages first (``pipeline``), each stage then treated as a model.
@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from clustertrain.train.config import ArchConfig
-from clustertrain.train.layout import ParallelLayout
+from clustertrain.core.parallel_layout import ParallelLayout
 from clustertrain.train.model import GPT, loss_fn
 from clustertrain.train.parallel.grads import clip_grad_norm_
 
@@ -102,7 +102,7 @@ class ParallelModel:
 
 def build_mesh(layout: ParallelLayout, device: torch.device):
     """The device mesh of an initialised process group: ("dp", "tp"), or ("pp", "dp", "tp") with pipeline
-    parallelism (rank order: :mod:`clustertrain.train.layout`); None on a single process."""
+    parallelism (rank order: :mod:`clustertrain.core.parallel_layout`); None on a single process."""
     if not dist.is_initialized():
         return None
     from torch.distributed.device_mesh import init_device_mesh

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from clustertrain.errors import ConfigError
+from clustertrain.core.errors import ConfigError
 from clustertrain.train.model import GPT
 
 

@@ -16,7 +16,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
-from clustertrain.train.layout import ParallelLayout
+from clustertrain.core.parallel_layout import ParallelLayout
 from clustertrain.train.model import GPT
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}

@@ -1,5 +1,5 @@
 """Pipeline parallelism (``parallelism.pp > 1``) with ``torch.distributed.pipelining``: the model's layers split
-into ``pp x virtual_stages`` stages (:func:`clustertrain.train.layout.stage_layers`), each rank of pipeline rank
+into ``pp x virtual_stages`` stages (:func:`clustertrain.core.parallel_layout.stage_layers`), each rank of pipeline rank
 ``r`` holding stages ``r, r + pp, ...``; a step's gradient-accumulation micro-batches are the schedule's
 micro-batches (``gpipe``, ``1f1b`` or ``interleaved_1f1b``).
 
@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 from clustertrain.train.config import ArchConfig
-from clustertrain.train.layout import ParallelLayout, stage_costs, stage_layers
+from clustertrain.core.parallel_layout import ParallelLayout, stage_costs, stage_layers
 from clustertrain.train.model import GPT, loss_fn
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}

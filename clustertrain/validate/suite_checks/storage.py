@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from clustertrain.layout import mount_of, storage_layout
+from clustertrain.core.storage_layout import mount_of, storage_layout
 from clustertrain.project import Project
 from clustertrain.validate.checks import CheckRow
 from clustertrain.validate.results import StorageRun

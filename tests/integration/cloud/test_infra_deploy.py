@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from clustertrain.cli.cluster import app
 from clustertrain.check import run_check
-from clustertrain.project import load_project
+from clustertrain.resolve import load_project
 from tests.support.s3server import DUMMY_ENV
 from tests.unit.cloud.conftest import example_raw
 

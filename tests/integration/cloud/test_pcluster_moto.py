@@ -44,7 +44,7 @@ from typer.testing import CliRunner
 from clustertrain.cli.cluster_lifecycle import register
 from clustertrain.cli.common import command_group
 from clustertrain.cloud.lifecycle import DRYRUN_OK, Pcluster, Reply, lifecycle
-from clustertrain.project import load_project
+from clustertrain.resolve import load_project
 from tests.unit.cloud.conftest import example_raw
 
 pytestmark = pytest.mark.slow

@@ -41,7 +41,7 @@ def enforced(tmp_path_factory):
     """(endpoint, project, user credentials) with IAM enforcement on after the setup requests."""
     import yaml
 
-    from clustertrain.project import load_project
+    from clustertrain.resolve import load_project
     from tests.unit.cloud.conftest import scenario_raw
 
     path = tmp_path_factory.mktemp("project") / "p5e-80x7.yaml"

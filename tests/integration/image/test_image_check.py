@@ -17,7 +17,7 @@ import pytest
 
 from clustertrain.image.check import ImageCheckReport
 from clustertrain.image.paths import sqsh_path
-from clustertrain.project import load_project
+from clustertrain.resolve import load_project
 from tests.support.slurm import client_env, local_slurm_cluster
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from clustertrain.errors import LaunchError
+from clustertrain.core.errors import LaunchError
 from clustertrain.launch.slurm_cluster import LocalSlurmCluster
 from clustertrain.launch.slurm_query import find_jobcomp, list_jobs, query_job, query_nodes
 from tests.support.slurm import client_env, local_slurm_cluster, sbatch, wait_job, wait_output

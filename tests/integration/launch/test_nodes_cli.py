@@ -13,9 +13,9 @@ import pytest
 
 from clustertrain.cli import main
 from clustertrain.launch.exclusion import exclusions
-from clustertrain.layout import storage_layout
+from clustertrain.core.storage_layout import storage_layout
 from clustertrain.monitor.suspects import active_suspects, add_suspect
-from clustertrain.project import load_project
+from clustertrain.resolve import load_project
 from tests.support.slurm import client_env, local_slurm_cluster, sbatch, wait_job
 
 P5E = Path(__file__).resolve().parents[3] / "examples" / "p5e-80x7.yaml"

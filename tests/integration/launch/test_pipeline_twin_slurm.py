@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from clustertrain.launch.jobs import read_records
+from clustertrain.core.job_records import read_records
 from clustertrain.launch.slurm import SlurmLauncher
 from clustertrain.launch.slurm_query import query_job
-from clustertrain.project import load_project
-from clustertrain.rundir import RunPaths
-from clustertrain.train.checkpoint import read_meta
-from clustertrain.train.layout import resolve_layout, stage_layers
+from clustertrain.resolve import load_project
+from clustertrain.core.run_paths import RunPaths
+from clustertrain.core.checkpoint_format import read_meta
+from clustertrain.core.parallel_layout import resolve_layout, stage_layers
 from tests.support.slurm import client_env, local_slurm_cluster
 from tests.support.training import metrics, wait_for
 

@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clustertrain.errors import LaunchError
-from clustertrain.launch.rehearsal.run import RehearseOptions, rehearse
-from clustertrain.project import load_project, validate_project
+from clustertrain.core.errors import LaunchError
+from clustertrain.rehearsal.run import RehearseOptions, rehearse
+from clustertrain.project import validate_project
+from clustertrain.resolve import load_project
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[3]
@@ -154,7 +155,7 @@ def test_a_used_rehearsal_directory_is_refused(tmp_path):
 
 
 def test_busy_rendezvous_port_is_refused_before_anything_starts(tmp_path):
-    from clustertrain.ranks import port_for_job
+    from clustertrain.core.ranks import port_for_job
 
     with socket.socket() as taken:
         taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # earlier rehearsals may leave it in TIME_WAIT

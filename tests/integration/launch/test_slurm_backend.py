@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from clustertrain.errors import LaunchError
+from clustertrain.core.errors import LaunchError
 from clustertrain.launch.config import LaunchConfig
-from clustertrain.launch.jobs import read_records
+from clustertrain.core.job_records import read_records
 from clustertrain.launch.prepare import prepare_run
 from clustertrain.launch.sbatch import build_request, render_script
 from clustertrain.launch.slurm import SlurmLauncher, submit_project
 from clustertrain.launch.slurm_query import query_job
-from clustertrain.monitor.records import read_events, read_timing, read_usage
-from clustertrain.project import load_project
-from clustertrain.rundir import RunPaths
+from clustertrain.core.run_events import read_events, read_timing, read_usage
+from clustertrain.resolve import load_project
+from clustertrain.core.run_paths import RunPaths
 from tests.support.slurm import client_env, sbatch
 from tests.support.training import metrics, wait_for
 

@@ -17,11 +17,11 @@ import sys
 import pytest
 
 from clustertrain.launch.config import LaunchConfig
-from clustertrain.launch.jobs import read_end_marker, read_records
+from clustertrain.core.job_records import read_end_marker, read_records
 from clustertrain.launch.slurm import SlurmLauncher, submit_project
 from clustertrain.launch.slurm_query import JobGone, query_job
-from clustertrain.project import load_project
-from clustertrain.rundir import RunPaths
+from clustertrain.resolve import load_project
+from clustertrain.core.run_paths import RunPaths
 from tests.integration.launch.conftest import TINY_MODEL, TINY_SLURM
 from tests.support.slurm import client_env, local_slurm_cluster
 from tests.support.training import metrics, wait_for

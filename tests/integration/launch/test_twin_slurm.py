@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from clustertrain.launch.jobs import read_records
+from clustertrain.core.job_records import read_records
 from clustertrain.launch.slurm import SlurmLauncher
-from clustertrain.project import load_project
-from clustertrain.rundir import RunPaths
-from clustertrain.train.checkpoint import read_meta
+from clustertrain.resolve import load_project
+from clustertrain.core.run_paths import RunPaths
+from clustertrain.core.checkpoint_format import read_meta
 from tests.support.slurm import client_env
 from tests.support.training import metrics
 

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from clustertrain.launch.config import LaunchConfig
-from clustertrain.launch.jobs import read_records
+from clustertrain.core.job_records import read_records
 from clustertrain.launch.slurm import SlurmLauncher, submit_project
-from clustertrain.project import load_project
-from clustertrain.ranks import port_for_job
-from clustertrain.rundir import RunPaths
+from clustertrain.resolve import load_project
+from clustertrain.core.ranks import port_for_job
+from clustertrain.core.run_paths import RunPaths
 from tests.support.slurm import local_slurm_cluster
 
 pytestmark = pytest.mark.slow

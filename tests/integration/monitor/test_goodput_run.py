@@ -11,9 +11,9 @@ import json
 import pytest
 
 from clustertrain.monitor.goodput import PARTS
-from clustertrain.monitor.records import read_usage
-from clustertrain.rundir import RunPaths
-from clustertrain.states import State
+from clustertrain.core.run_events import read_usage
+from clustertrain.core.run_paths import RunPaths
+from clustertrain.core.states import State
 
 from tests.support.training import run_cli
 

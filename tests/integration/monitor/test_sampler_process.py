@@ -15,10 +15,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from clustertrain.monitor.records import read_events
+from clustertrain.core.run_events import read_events
 from clustertrain.monitor.samples import HOST_ONLY, read_samples
 from clustertrain.monitor.sampler import CRASH_ENV, stop_sampler
-from clustertrain.rundir import RunPaths
+from clustertrain.core.run_paths import RunPaths
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[3]
@@ -28,7 +28,7 @@ PARENT = textwrap.dedent("""
     from pathlib import Path
     from clustertrain.monitor.config import MonitorConfig
     from clustertrain.monitor.sampler import start_sampler
-    from clustertrain.rundir import RunPaths
+    from clustertrain.core.run_paths import RunPaths
     proc = start_sampler(RunPaths(Path(sys.argv[1])), sys.argv[2], MonitorConfig(interval_s=0.2))
     print(proc.pid, flush=True)
     time.sleep(120)

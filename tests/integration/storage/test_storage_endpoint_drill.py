@@ -19,7 +19,7 @@ import pytest
 from clustertrain.storage import StoreConfig, verify
 from clustertrain.storage.s3 import DEFAULT_ATTEMPTS
 from clustertrain.storage.store import is_ours
-from clustertrain.train.checkpoint import find_latest
+from clustertrain.core.checkpoint_format import find_latest
 from tests.support.faults import CuttableProxy
 from tests.support.s3server import dummy_env
 from tests.support.training import metrics, run_cli

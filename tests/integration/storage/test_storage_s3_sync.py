@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from clustertrain.errors import StorageError
+from clustertrain.core.errors import StorageError
 from clustertrain.storage import (
     StoreConfig,
     backup_directory,

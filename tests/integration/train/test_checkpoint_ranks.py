@@ -105,7 +105,8 @@ def differences(want: dict, got: dict) -> list[str]:
 def manager(root: Path, kind: str, writer=None):
     import torch.distributed as dist
 
-    from clustertrain.train.checkpoint import CheckpointManager, file_writer
+    from clustertrain.train.checkpoint import CheckpointManager
+    from clustertrain.train.checkpoint_async import file_writer
 
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     return CheckpointManager(root, keep_last=3, fingerprint="f", project="p", model_name="m", rank=rank,
@@ -151,8 +152,8 @@ def worker(out: Path, phases: list[str]) -> None:
     import torch
     import torch.distributed as dist
 
-    from clustertrain.train.checkpoint import find_latest
-    from clustertrain.train.state import TrainState, app_state
+    from clustertrain.core.checkpoint_format import find_latest
+    from clustertrain.train.checkpoint_state import TrainState, app_state
 
     if "WORLD_SIZE" in os.environ:
         import datetime
@@ -206,7 +207,7 @@ def worker(out: Path, phases: list[str]) -> None:
             (out / f"rank{rank}.json").write_text(json.dumps(report))
             time.sleep(300)  # killed here, mid-write
         elif action == "async-agree":
-            from clustertrain.errors import RunDirError
+            from clustertrain.core.errors import RunDirError
 
             mgr = manager(Path(args[0]), "fsdp", writer=FullWriter)
             model, opt = build("fsdp", seed=1)
@@ -313,7 +314,8 @@ def test_fsdp4_checkpoint_loads_into_one_plain_process(saved, tmp_path):
 
 
 def test_sigkill_during_async_save_leaves_latest_at_the_previous_checkpoint(tmp_path):
-    from clustertrain.train.checkpoint import clean_stale, find_latest, read_meta
+    from clustertrain.core.checkpoint_format import find_latest, read_meta
+    from clustertrain.train.checkpoint import clean_stale
 
     root, out = tmp_path / "ckpt", tmp_path / "out"
     procs = start(2, out, f"async-kill:{root}")

@@ -44,7 +44,7 @@ def rank_main(out: Path, phase: str, root: Path) -> None:
     import torch
     import torch.distributed as dist
 
-    from clustertrain.train.state import TrainState, app_state
+    from clustertrain.train.checkpoint_state import TrainState, app_state
     from tests.integration.train.test_checkpoint_ranks import build, differences, full_state, manager, train
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
@@ -200,7 +200,7 @@ def slurm_cluster(tmp_path_factory):
 def test_sigkill_of_the_slurm_job_during_an_async_save_resumes_from_the_last_complete_one(slurm_cluster, tmp_path):
     from clustertrain.launch.config import LaunchConfig
     from clustertrain.launch.slurm import SlurmLauncher, submit_project
-    from clustertrain.project import load_project
+    from clustertrain.resolve import load_project
     from tests.support.faults import sigkill_slurm_job
 
     path = tmp_path / "p.yaml"

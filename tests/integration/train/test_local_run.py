@@ -14,10 +14,10 @@ import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from clustertrain.monitor.samples import HOST_ONLY, read_samples
-from clustertrain.rundir import RunPaths
-from clustertrain.runstate import read_status
-from clustertrain.states import State
-from clustertrain.train.checkpoint import find_latest, is_complete
+from clustertrain.core.run_paths import RunPaths
+from clustertrain.core.run_records import read_status
+from clustertrain.core.states import State
+from clustertrain.core.checkpoint_format import find_latest, is_complete
 
 from tests.support.training import clustertrain, kill_all, metrics, processes_mentioning, run_cli, wait_for
 
@@ -151,7 +151,7 @@ def test_failing_worker_stops_the_run_and_names_the_rank(tiny_project, tmp_path)
 def test_slurm_style_environment_starts_the_entry_point(tiny_project, tmp_path):
     """Two ranks given Slurm's variables by hand (as srun would), no torchrun and no RANK/WORLD_SIZE."""
     from clustertrain.launch.prepare import prepare_run
-    from clustertrain.project import load_project
+    from clustertrain.resolve import load_project
 
     project = load_project(tiny_project(steps=6, ckpt=3))
     spec = prepare_run(project, project.models[0], tmp_path / "run")

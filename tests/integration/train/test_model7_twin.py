@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clustertrain.project import load_project
-from clustertrain.train.checkpoint import read_meta
+from clustertrain.resolve import load_project
+from clustertrain.core.checkpoint_format import read_meta
 
 from tests.support.training import metrics, run_cli
 
@@ -63,7 +63,7 @@ def test_the_twin_keeps_model7s_ratios_and_layout():
     project = load_project(TWIN)
     assert (project.cluster.backend, project.cluster.nodes, project.cluster.ranks_per_node) == ("slurm", 2, 2)
     # the 2-D variant the comments offer is a valid layout of this model on these 4 ranks (tp within a node)
-    from clustertrain.train.layout import resolve_layout
+    from clustertrain.core.parallel_layout import resolve_layout
 
     variant = load_project(TWIN, TWO_D).models[0].parallelism
     layout = resolve_layout(variant, 4, on_gpu=False, ranks_per_node=2)

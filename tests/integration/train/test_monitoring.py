@@ -8,12 +8,12 @@ import json
 
 import pytest
 
-from clustertrain.monitor.records import read_events, read_timing, read_usage
+from clustertrain.core.run_events import read_events, read_timing, read_usage
 from clustertrain.monitor.samples import read_samples
-from clustertrain.rundir import RunPaths
-from clustertrain.runstate import read_status
-from clustertrain.states import State
-from clustertrain.train.checkpoint import find_latest
+from clustertrain.core.run_paths import RunPaths
+from clustertrain.core.run_records import read_status
+from clustertrain.core.states import State
+from clustertrain.core.checkpoint_format import find_latest
 
 from tests.support.training import metrics, run_cli
 

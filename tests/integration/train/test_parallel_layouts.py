@@ -50,7 +50,7 @@ def train(name: str, overrides: dict, rank: int, world: int) -> dict:
     import torch
 
     from clustertrain.train.config import ArchConfig, ParallelismConfig, TrainingConfig
-    from clustertrain.train.layout import resolve_layout
+    from clustertrain.core.parallel_layout import resolve_layout
     from clustertrain.train.optim import build_optimizer, lr_at, set_lr
     from clustertrain.train.parallel import build_parallel_model
 
@@ -137,9 +137,9 @@ def test_tied_embeddings_train_under_fsdp(result):
 
 def test_planner_bytes_equal_the_trainers_local_shards(result):
     from clustertrain.plan.memory import trainer_state_bytes
-    from clustertrain.plan.shape import ModelShape
+    from clustertrain.core.model_shape import ModelShape
     from clustertrain.train.config import ArchConfig
-    from clustertrain.train.layout import ParallelLayout
+    from clustertrain.core.parallel_layout import ParallelLayout
 
     for name in ("ddp", "fsdp", "fsdp-tied", "dp2xtp2", "dp2xtp2-sp", "tp4-sp-full"):
         arch = ArchConfig(**{**ARCH, "tie_embeddings": name.endswith("tied")})

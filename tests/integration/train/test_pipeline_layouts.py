@@ -62,10 +62,10 @@ class Run:
         import torch
 
         from clustertrain.train.config import ArchConfig, ParallelismConfig, TrainingConfig
-        from clustertrain.train.layout import resolve_layout
+        from clustertrain.core.parallel_layout import resolve_layout
         from clustertrain.train.optim import build_optimizer
         from clustertrain.train.parallel import build_parallel_model
-        from clustertrain.train.state import TrainState
+        from clustertrain.train.checkpoint_state import TrainState
 
         self.arch = ArchConfig(**ARCH)
         self.layout = resolve_layout(ParallelismConfig(**overrides), world, on_gpu=False)
@@ -115,7 +115,7 @@ class Run:
                                  layout=self.layout.to_dict())
 
     def app_state(self):
-        from clustertrain.train.state import app_state
+        from clustertrain.train.checkpoint_state import app_state
 
         return app_state(self.pm.model, self.optimizer, self.state)
 
@@ -236,9 +236,9 @@ def test_a_pipelined_checkpoint_loads_fully_equal_into_another_layout(world):
 
 def test_planner_bytes_equal_every_ranks_local_stage(world):
     from clustertrain.plan.memory import trainer_state_bytes
-    from clustertrain.plan.shape import ModelShape
+    from clustertrain.core.model_shape import ModelShape
     from clustertrain.train.config import ArchConfig
-    from clustertrain.train.layout import ParallelLayout
+    from clustertrain.core.parallel_layout import ParallelLayout
 
     arch = ArchConfig(**ARCH)
     shape = ModelShape.from_arch(arch, arch.vocab)

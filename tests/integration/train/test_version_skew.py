@@ -14,9 +14,9 @@ import yaml
 from clustertrain import __version__
 from clustertrain.launch.local import LocalLauncher
 from clustertrain.launch.prepare import prepare_run
-from clustertrain.project import load_project
-from clustertrain.runstate import read_status
-from clustertrain.states import State
+from clustertrain.resolve import load_project
+from clustertrain.core.run_records import read_status
+from clustertrain.core.states import State
 
 from tests.support.training import metrics
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from clustertrain.launch.slurm_query import query_job
-from clustertrain.project import load_project
+from clustertrain.resolve import load_project
 from clustertrain.validate import CollectivesConfig
 from clustertrain.validate.storagebench import StorageBenchConfig
 from clustertrain.validate.suite import SuiteConfig, SuiteReport, run_suite

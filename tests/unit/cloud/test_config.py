@@ -6,7 +6,7 @@ import pytest
 
 from clustertrain.cloud import build_cluster_config
 from clustertrain.cloud.config import AwsConfig, fsx_capacity_problem, fsx_throughput_problem
-from clustertrain.errors import ConfigError
+from clustertrain.core.errors import ConfigError
 
 
 def _q(raw, **kw):
@@ -149,5 +149,5 @@ def test_cloud_config_imports_only_leaves_and_the_stage_does_not_import_project_
         src = __import__("pathlib").Path(module.__file__).read_text()
         return [line.split()[1] for line in src.splitlines() if line.startswith(("from clustertrain", "import clustertrain"))]
 
-    assert imported(config) == ["clustertrain.cloud.limits", "clustertrain.schema"]  # the strict base and the AWS facts
+    assert imported(config) == ["clustertrain.cloud.limits", "clustertrain.core.schema"]  # the strict base and the AWS facts
     assert imported(limits) == []

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from clustertrain.cloud import build_infra_template, render_infra_template
-from clustertrain.errors import ConfigError
+from clustertrain.core.errors import ConfigError
 
 
 @pytest.fixture

@@ -37,8 +37,8 @@ from clustertrain.cloud.lifecycle import (
     pcluster_argv,
     plan,
 )
-from clustertrain.errors import CloudError
-from clustertrain.project import load_project
+from clustertrain.core.errors import CloudError
+from clustertrain.resolve import load_project
 from tests.support.golden import check_golden
 from tests.unit.cloud.conftest import DEPLOYED_FSX, EXAMPLES, scenario_raw
 

@@ -10,7 +10,8 @@ import yaml
 
 from clustertrain.cloud.preflight import cloud_findings, cloud_report
 from clustertrain.cloud.preflight import validate_file
-from clustertrain.project import load_project, validate_project
+from clustertrain.project import validate_project
+from clustertrain.resolve import load_project
 from tests.unit.cloud.conftest import DEPLOYED_FSX, EXAMPLES, example_raw, scenario_raw
 
 pytest.importorskip("pcluster.schemas.cluster_schema", reason="aws-parallelcluster not installed (pip install 'clustertrain[aws]')")

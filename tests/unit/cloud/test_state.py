@@ -11,8 +11,8 @@ import yaml
 
 from clustertrain.check import run_check
 from clustertrain.cloud.state import InfraState, fsx_logical_id, fsx_output, read_state, state_path, write_state
-from clustertrain.errors import ConfigError
-from clustertrain.project import load_project
+from clustertrain.core.errors import ConfigError
+from clustertrain.resolve import load_project
 from tests.unit.cloud.conftest import DEPLOYED_FSX, DEPLOYED_IDS, DEPLOYED_POLICY, scenario_raw
 
 OUTPUTS = {"VpcId": "vpc-0b1c2d3e4f5a6b7c8", "PublicSubnetId": DEPLOYED_IDS["public_subnet_id"],

@@ -20,8 +20,9 @@ from clustertrain.data.indexed import IndexedDataset
 from clustertrain.data.preflight import data_findings
 from clustertrain.data.preprocess import prepare_dataset
 from clustertrain.data.staging import expected_prefix, stage_dataset, stage_sources
-from clustertrain.errors import ConfigError
-from clustertrain.project import load_project, validate_project
+from clustertrain.core.errors import ConfigError
+from clustertrain.project import validate_project
+from clustertrain.resolve import load_project
 
 WEB = ["the web says hello", "a second web page, longer than the first one", "ünïcödé web text"]
 CODE = ["def f(x):\n    return x + 1\n", "print('code')"]

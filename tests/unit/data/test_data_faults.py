@@ -13,7 +13,7 @@ import pytest
 from clustertrain.data.indexed import IndexedDataset
 from clustertrain.data.preprocess import prepare_dataset
 from clustertrain.data.sample_index import GPTSamples
-from clustertrain.errors import DataError
+from clustertrain.core.errors import DataError
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from clustertrain.data.indexed import IndexedDataset, IndexedWriter, merge_datasets, token_dtype
-from clustertrain.errors import DataError
+from clustertrain.core.errors import DataError
 
 
 def _documents(seed: int, n_docs: int, vocab: int) -> list[list[np.ndarray]]:

@@ -11,7 +11,7 @@ import pytest
 from clustertrain.data.indexed import IndexedDataset
 from clustertrain.data.preprocess import prepare_dataset, read_manifest
 from clustertrain.data.tokenizers import ByteTokenizer, train_tokenizer
-from clustertrain.errors import DataError
+from clustertrain.core.errors import DataError
 
 
 def test_jsonl_documents_and_manifest(tmp_path, write_jsonl):

@@ -7,7 +7,7 @@ import pytest
 
 from clustertrain.data.preprocess import prepare_dataset
 from clustertrain.data.sample_index import GPTSamples, parse_split
-from clustertrain.errors import DataError
+from clustertrain.core.errors import DataError
 
 
 class _Tok:

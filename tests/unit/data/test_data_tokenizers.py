@@ -7,7 +7,7 @@ import json
 import pytest
 
 from clustertrain.data.tokenizers import ByteTokenizer, HFTokenizer, load_tokenizer, train_tokenizer
-from clustertrain.errors import ConfigError
+from clustertrain.core.errors import ConfigError
 
 
 def test_byte_tokenizer_round_trip():

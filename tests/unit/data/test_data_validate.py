@@ -8,7 +8,7 @@ import pytest
 
 from clustertrain.data.preprocess import prepare_dataset
 from clustertrain.data.validate import validate_dataset
-from clustertrain.errors import DataError
+from clustertrain.core.errors import DataError
 
 
 @pytest.fixture

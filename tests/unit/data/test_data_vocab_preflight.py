@@ -14,8 +14,8 @@ from clustertrain.data.preprocess import prepare_dataset
 from clustertrain.data.staging import published_copy_dir
 from clustertrain.data.tokenizers import train_tokenizer
 from clustertrain.data.vocab import check_vocab, vocab_limit, vocab_problem
-from clustertrain.errors import ConfigError
-from clustertrain.layout import storage_layout
+from clustertrain.core.errors import ConfigError
+from clustertrain.core.storage_layout import storage_layout
 from clustertrain.project import validate_project
 
 FSX = [{"name": "fsx-data", "mount_dir": "/fsx/data", "holds": ["datasets"]},

@@ -25,7 +25,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, models, normalizers, pre_to
 from clustertrain.data.fastbpe import HARD_CASES, choose_encoder, verification_sample
 from clustertrain.data.preprocess import prepare_dataset
 from clustertrain.data.tokenizers import HFTokenizer, train_tokenizer
-from clustertrain.errors import DataError
+from clustertrain.core.errors import DataError
 
 pytest.importorskip("gigatoken", reason="gigatoken is a dependency of clustertrain (pip install -e .)")
 

@@ -26,7 +26,7 @@ from clustertrain.data.fastbpe import HARD_CASES
 from clustertrain.data.tokenizers import (
     MODEL_MAX_LENGTH, ByteTokenizer, HFTokenizer, train_tokenizer, write_tokenizer_config,
 )
-from clustertrain.errors import ConfigError
+from clustertrain.core.errors import ConfigError
 from clustertrain.megatron.args import MegatronContext, megatron_args
 from clustertrain.project import validate_project
 

@@ -17,11 +17,11 @@ import pytest
 from typer.testing import CliRunner
 
 from clustertrain.cli import app as root_app
-from clustertrain.errors import ImageError
+from clustertrain.core.errors import ImageError
 from clustertrain.image.build import Command, format_command, plan_build, run_build
 from clustertrain.image.paths import image_tag
 from clustertrain.image.squashfs import verify_sqsh
-from clustertrain.project import load_project
+from clustertrain.resolve import load_project
 from tests.support.fake_tools import INTERPRETER, install_fake_docker, install_fake_enroot, need_mksquashfs
 from tests.support.projects import tiny_project
 

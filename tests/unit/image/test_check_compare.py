@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from clustertrain.errors import ImageError
+from clustertrain.core.errors import ImageError
 from clustertrain.image.check import (
     ImageCheckReport, check_table, compare, judge, matches_pin, pins_for, plan_check, pyxis_missing, run_image_check,
 )
 from clustertrain.image.paths import sqsh_path
 from clustertrain.image.versions import load_versions
-from clustertrain.project import load_project
+from clustertrain.resolve import load_project
 from clustertrain.validate.scan import CheckResult, ScanReport
 from clustertrain.validate.suitedir import SuitePaths
 from clustertrain.validate.suitejob import render_job

@@ -21,11 +21,11 @@ import yaml
 from typer.testing import CliRunner
 
 from clustertrain.cli import app as root_app
-from clustertrain.errors import ImageError
+from clustertrain.core.errors import ImageError
 from clustertrain.image.recipe import (REPOS, clone_command, dockerfile_text, git_tag, pinned_commit, render_recipe,
                                        validate_pins)
 from clustertrain.image.versions import DEFAULT_VERSIONS, VersionsFile, load_versions
-from clustertrain.project import load_project
+from clustertrain.resolve import load_project
 from tests.support.projects import tiny_project
 
 WHEEL = "clustertrain-0.1.0-py3-none-any.whl"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from clustertrain.errors import ImageError
+from clustertrain.core.errors import ImageError
 from clustertrain.image.squashfs import listed_paths, parse_superblock, read_superblock, verify_sqsh
 from tests.support.fake_tools import INTERPRETER, make_tree, mksquashfs, need_mksquashfs
 

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 
-from clustertrain.errors import ImageError
+from clustertrain.core.errors import ImageError
 from clustertrain.image.check import judge
 from clustertrain.image.paths import image_interpreter, image_tag, sqsh_path
 from clustertrain.image.versions import (
@@ -23,7 +23,7 @@ from clustertrain.image.versions import (
 )
 from clustertrain.launch.preflight import launch_findings
 from clustertrain.launch.sbatch import build_request, render_script
-from clustertrain.project import load_project
+from clustertrain.resolve import load_project
 from clustertrain.validate.scan import ScanReport
 
 ROOT = Path(__file__).resolve().parents[3]

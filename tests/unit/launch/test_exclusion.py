@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from clustertrain.launch.exclusion import Exclusion, SlurmNode, decide, exclusions, parse_node_hosts
-from clustertrain.layout import storage_layout
+from clustertrain.core.storage_layout import storage_layout
 from clustertrain.monitor.suspects import Suspect, add_suspect
-from clustertrain.project import load_project
+from clustertrain.resolve import load_project
 
 NOW = 1_795_000_000.0
 #: two lines of `scontrol show node -o` from the local cluster (Slurm 22.05), shortened in the middle

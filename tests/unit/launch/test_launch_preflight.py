@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from clustertrain.errors import LaunchError
+from clustertrain.core.errors import LaunchError
 from clustertrain.launch.config import LaunchConfig
 from clustertrain.launch.preflight import launch_findings, save_seconds
 from clustertrain.launch.slurm import SlurmLauncher, submit_project
-from clustertrain.project import load_project
+from clustertrain.resolve import load_project
 
 ROOT = Path(__file__).resolve().parents[3]
 P5E = ROOT / "examples" / "p5e-80x7.yaml"

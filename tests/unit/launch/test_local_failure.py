@@ -9,7 +9,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from clustertrain.launch.local import _cause, _describe_failure
-from clustertrain.rundir import RunPaths
+from clustertrain.core.run_paths import RunPaths
 
 GLOO_PEER = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
              "[127.0.0.1]:29500. This is typically caused by a remote worker crashing. Check the logs of the remote "

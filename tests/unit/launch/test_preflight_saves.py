@@ -7,12 +7,13 @@ from __future__ import annotations
 import pytest
 
 from clustertrain.launch.preflight import KILL_WAIT_S, RECENT_SAVES, launch_findings, save_time
-from clustertrain.layout import storage_layout
-from clustertrain.monitor.records import Event, EventKind, append_event
+from clustertrain.core.storage_layout import storage_layout
+from clustertrain.core.run_events import Event, EventKind, append_event
 from clustertrain.plan.plan import make_plan
-from clustertrain.project import architecture_fingerprint, load_project
-from clustertrain.rundir import RunPaths
-from clustertrain.runstate import RunInfo, write_record
+from clustertrain.project import architecture_fingerprint
+from clustertrain.resolve import load_project
+from clustertrain.core.run_paths import RunPaths
+from clustertrain.core.run_records import RunInfo, write_record
 from tests.unit.launch.test_launch_preflight import FITS, P5E
 
 BASE = [*FITS, "launch.python=/fsx/data/venv/bin/python", 'cluster.time_limit="48:00:00"']

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from clustertrain.errors import LaunchError
+from clustertrain.core.errors import LaunchError
 from clustertrain.launch.config import LaunchConfig
 from clustertrain.launch.sbatch import build_request, render_script, sbatch_quote, srun_command
 from clustertrain.project import validate_project
@@ -226,7 +226,7 @@ def test_container_gets_the_rank_variables_by_name_and_keeps_its_library_path():
 
 
 def test_python_comes_from_launch_python_and_library_dirs_from_aws_os():
-    from clustertrain.project import load_project
+    from clustertrain.resolve import load_project
 
     root = Path(__file__).resolve().parents[3]
     p = load_project(root / "examples" / "p5e-80x7.yaml", ["launch.python=/fsx/data/envs/t/bin/python",
@@ -260,7 +260,7 @@ def fake_slurm_bin(tmp_path: Path, srun_body: str, hosts: list[str]) -> Path:
 
 def test_train_validate_and_the_batch_script_agree_on_the_ranks(tmp_path):
     """Issue 13 defect 2: for one Slurm job, what a rank derives in training (train.distributed), in validation
-    (validate.collectives.job_env) and what the rendered batch script exports agree. (Before clustertrain.ranks,
+    (validate.collectives.job_env) and what the rendered batch script exports agree. (Before clustertrain.core.ranks,
     validation used job id % 20000: port 31337 here, against 21337 in the trainer and the script.)"""
     from clustertrain.train.distributed import RankEnv
     from clustertrain.validate.collectives import job_env
@@ -294,8 +294,8 @@ def test_train_validate_and_the_batch_script_agree_on_the_ranks(tmp_path):
 @pytest.mark.parametrize("completed", [True, False])
 def test_stopped_job_is_requeued_unless_training_completed(tmp_path, completed):
     """The requeue decision of the rendered script, run by bash: srun's ranks get the stop signal and exit 0;
-    the job is requeued only when the run directory has no COMPLETED marker (clustertrain.rundir)."""
-    from clustertrain.rundir import RunPaths
+    the job is requeued only when the run directory has no COMPLETED marker (clustertrain.core.run_paths)."""
+    from clustertrain.core.run_paths import RunPaths
 
     p = project()
     run = tmp_path / "run 'x' $(touch INJECTED)"

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from clustertrain.launch.jobs import JobRecord, add_record, find_record, read_records, update_record
+from clustertrain.core.job_records import JobRecord, add_record, find_record, read_records, update_record
 from clustertrain.launch.slurm import to_job_status
 from clustertrain.launch.slurm_query import JobState
-from clustertrain.rundir import RunPaths
-from clustertrain.runstate import RunStatus
+from clustertrain.core.run_paths import RunPaths
+from clustertrain.core.run_records import RunStatus
 
 
 def record(job_id: str) -> JobRecord:
@@ -63,7 +63,7 @@ def test_end_marker_written_by_the_script_body_is_read_back(tmp_path):
     import subprocess
     from pathlib import Path
 
-    from clustertrain.launch.jobs import read_end_marker
+    from clustertrain.core.job_records import read_end_marker
     from clustertrain.launch.sbatch import build_request, render_script
     from clustertrain.project import validate_project
 

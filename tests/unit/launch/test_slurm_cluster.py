@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from clustertrain.cli.local_slurm import app
-from clustertrain.errors import LaunchError
+from clustertrain.core.errors import LaunchError
 from clustertrain.launch.slurm_cluster import LocalSlurmCluster, require_installed
 from clustertrain.launch.slurm_query import parse_kv_line
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from clustertrain.errors import LaunchError
+from clustertrain.core.errors import LaunchError
 from clustertrain.launch import slurmcli
 from clustertrain.launch.slurm_query import (
     JobGone,

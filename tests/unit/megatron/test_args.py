@@ -17,7 +17,8 @@ import pytest
 from clustertrain.megatron.args import FLAGS, MegatronContext, megatron_args, rendered_options
 from clustertrain.megatron.flags import FLAGS_FILE, known_options
 from clustertrain.plan.nodes import nodes_for
-from clustertrain.project import load_project, validate_project
+from clustertrain.project import validate_project
+from clustertrain.resolve import load_project
 from tests.support.golden import check_golden
 from tests.support.megatron_lm import megatron_source, parse_with_megatron
 
@@ -76,7 +77,7 @@ VARIED = {
 
 def _context(project, entry, world: int) -> MegatronContext:
     from clustertrain.data.staging import expected_prefix
-    from clustertrain.layout import storage_layout
+    from clustertrain.core.storage_layout import storage_layout
 
     root = storage_layout(project).datasets  # a published source: where staging puts its copy; a prefix: itself
     data = tuple((w, expected_prefix(one, root) if one.source.startswith("s3://") else Path(one.source))

@@ -24,14 +24,14 @@ import pytest
 import yaml
 
 from clustertrain.launch.backend import JobStatus
-from clustertrain.launch.jobs import JobRecord, add_record
+from clustertrain.core.job_records import JobRecord, add_record
 from clustertrain.megatron.logs import (ingest_megatron_log, log_sources, megatron_row, parse_line, row_context,
                                         state_path)
-from clustertrain.monitor.records import read_jsonl
+from clustertrain.core.run_events import read_jsonl
 from clustertrain.monitor.status import RUNNING, model_status
 from clustertrain.project import validate_project
-from clustertrain.rundir import RunPaths
-from clustertrain.states import State
+from clustertrain.core.run_paths import RunPaths
+from clustertrain.core.states import State
 from tests.support.megatron_lm import megatron_source
 from tests.unit.monitor.test_status import make_run, run_main
 
@@ -326,8 +326,8 @@ def test_two_ingests_at_once_write_each_row_once(training_log, tmp_path):
     log.parent.mkdir(parents=True)
     steps = list(range(1, 3001))
     log.write_text(_lines(training_log, steps))
-    child = ("import sys; from pathlib import Path; from clustertrain.project import load_project; "
-             "from clustertrain.rundir import RunPaths; from clustertrain.megatron.logs import ingest_megatron_log; "
+    child = ("import sys; from pathlib import Path; from clustertrain.resolve import load_project; "
+             "from clustertrain.core.run_paths import RunPaths; from clustertrain.megatron.logs import ingest_megatron_log; "
              "p = load_project(sys.argv[1]); paths = RunPaths(Path(sys.argv[2])); "
              "print(ingest_megatron_log(paths, p.model('gpt'), p, [paths.rank_log(0)]))")
     procs = [subprocess.Popen([sys.executable, "-c", child, str(project_file), str(paths.root)], cwd=ROOT,

@@ -1,8 +1,8 @@
-"""The trainer's alarm rules (clustertrain.monitor.alarms): each fires when its condition starts, once, and re-arms."""
+"""The trainer's alarm rules (clustertrain.train.alarms): each fires when its condition starts, once, and re-arms."""
 
 from __future__ import annotations
 
-from clustertrain.monitor.alarms import LossSpike, RankTiming, Stragglers, ThroughputDrop, spread
+from clustertrain.train.alarms import LossSpike, RankTiming, Stragglers, ThroughputDrop, spread
 from clustertrain.monitor.config import MonitorConfig
 
 

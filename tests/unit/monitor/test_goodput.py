@@ -9,9 +9,9 @@ import json
 import pytest
 
 from clustertrain.monitor.goodput import PARTS, Goodput, JobTimes, account, read_job_times, run_goodput
-from clustertrain.monitor.records import Attempt, Event
-from clustertrain.rundir import RunPaths
-from clustertrain.states import State
+from clustertrain.core.run_events import Attempt, Event
+from clustertrain.core.run_paths import RunPaths
+from clustertrain.core.states import State
 
 T = 1_795_000_000.0
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from clustertrain.monitor.config import MonitorConfig
-from clustertrain.monitor.hang import bound, judge
-from clustertrain.monitor.heartbeats import Heartbeat
-from clustertrain.monitor.watchdog import placement, srun_blame
+from clustertrain.monitor.hang_rules import bound, judge
+from clustertrain.core.heartbeat_files import Heartbeat
+from clustertrain.monitor.hang_watchdog import placement, srun_blame
 
 NOW = 1_000_000.0
 CONFIG = MonitorConfig(heartbeat_s=5, hang_floor_s=30, hang_step_factor=3, hang_ceiling_s=900)

@@ -1,12 +1,12 @@
-"""The run's own records (clustertrain.monitor.records): lenient readers over what a kill can leave behind."""
+"""The run's own records (clustertrain.core.run_events): lenient readers over what a kill can leave behind."""
 
 from __future__ import annotations
 
 import json
 
-from clustertrain.monitor.records import Attempt, Event, append_event, read_events, read_timing, read_usage, write_usage
-from clustertrain.rundir import RunPaths
-from clustertrain.states import State
+from clustertrain.core.run_events import Attempt, Event, append_event, read_events, read_timing, read_usage, write_usage
+from clustertrain.core.run_paths import RunPaths
+from clustertrain.core.states import State
 
 
 def test_events_of_rank_0_and_every_sampler_read_together_oldest_first(tmp_path):

@@ -19,15 +19,16 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from clustertrain.cli import app
-from clustertrain.errors import ConfigError, RunDirError
+from clustertrain.core.errors import ConfigError, RunDirError
 from clustertrain.monitor import plots
-from clustertrain.monitor.records import Attempt, Event, Usage, append_event, read_timing, write_usage
+from clustertrain.core.run_events import Attempt, Event, Usage, append_event, read_timing, write_usage
 from clustertrain.monitor.report import gather, render_html, slowest_rank, write_report
 from clustertrain.monitor.samples import HOST_ONLY, WITH_GPUS, format_timestamp
-from clustertrain.project import dump_project, load_project
-from clustertrain.rundir import RunPaths, write_atomic
-from clustertrain.runstate import RunInfo, RunStatus, write_record, write_status_record
-from clustertrain.states import State
+from clustertrain.project import dump_project
+from clustertrain.resolve import load_project
+from clustertrain.core.run_paths import RunPaths, write_atomic
+from clustertrain.core.run_records import RunInfo, RunStatus, write_record, write_status_record
+from clustertrain.core.states import State
 
 T0 = 1795000000.0
 PRICE = 34.60  # per p5e.48xlarge node-hour (8 GPUs) -> 4.325 per GPU-hour
@@ -373,7 +374,7 @@ def test_goodput_per_attempt_its_plot_and_the_projects_total(tmp_path):
 
 
 def test_incidents_and_the_projects_suspect_nodes(tmp_path):
-    from clustertrain.layout import storage_layout
+    from clustertrain.core.storage_layout import storage_layout
     from clustertrain.monitor.suspects import add_suspect
 
     project = write_project(tmp_path)

@@ -17,10 +17,10 @@ import pytest
 
 from clustertrain.monitor.config import MonitorConfig
 from clustertrain.monitor.gpus import GpuReading, NoGpus, NvmlGpus, open_gpus
-from clustertrain.monitor.records import read_events
+from clustertrain.core.run_events import read_events
 from clustertrain.monitor.samples import HOST_ONLY, WITH_GPUS, read_samples
 from clustertrain.monitor.sampler import Sampler, main, run, start_sampler, stop_sampler
-from clustertrain.rundir import RunPaths
+from clustertrain.core.run_paths import RunPaths
 
 MIB = 1 << 20
 H200 = GpuReading(name="NVIDIA H200", utilization_pct=98, memory_used_bytes=70120 * MIB + 12345,

@@ -16,15 +16,15 @@ from rich.console import Console
 
 from clustertrain.cli import main
 from clustertrain.launch.backend import JobStatus
-from clustertrain.monitor.records import Attempt, Event, Usage, append_event, write_usage
+from clustertrain.core.run_events import Attempt, Event, Usage, append_event, write_usage
 from clustertrain.monitor.status import (COMPLETED, FAILED, NOT_STARTED, QUEUED, REQUEUED, RUNNING, alarms, any_failed,
                                          gpu_hour_prices, human_duration, model_status, project_status)
 from clustertrain.monitor.status_view import status_json, status_view
-from clustertrain.project import load_project
-from clustertrain.rundir import RunPaths, write_atomic
-from clustertrain.runstate import RunInfo, RunStatus, write_record, write_status_record
-from clustertrain.states import State
-from clustertrain.train.checkpoint import CheckpointMeta
+from clustertrain.resolve import load_project
+from clustertrain.core.run_paths import RunPaths, write_atomic
+from clustertrain.core.run_records import RunInfo, RunStatus, write_record, write_status_record
+from clustertrain.core.states import State
+from clustertrain.core.checkpoint_format import CheckpointMeta
 from tests.support.projects import tiny_project
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -401,7 +401,7 @@ models:
 
 
 def test_the_projects_suspect_nodes_and_goodput_are_said_once(tmp_path, capsys):
-    from clustertrain.layout import storage_layout
+    from clustertrain.core.storage_layout import storage_layout
     from clustertrain.monitor.suspects import add_suspect, clear_suspects
 
     path = tmp_path / "two.yaml"

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from clustertrain.plan.allocate import Hardware, ModelSpec, allocate, evaluate
 from clustertrain.plan.frameworks import Framework
-from clustertrain.plan.shape import ModelShape
+from clustertrain.core.model_shape import ModelShape
 from clustertrain.train.config import ParallelismConfig
 
 H200 = Hardware(gpus_per_node=8, gpu_memory_gib=140.4, peak_flops=989e12, headroom=0.10, framework_gib=3.0)

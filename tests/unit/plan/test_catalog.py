@@ -13,9 +13,9 @@ import yaml
 from clustertrain.cloud.catalog import load_catalog as cloud_catalog
 from clustertrain.cloud.project_rules import project_findings
 from clustertrain.cloud.rules import check_cluster_config
-from clustertrain.errors import ConfigError
+from clustertrain.core.errors import ConfigError
 from clustertrain.plan.catalog import CATALOG_PATH, INSTANCE_TYPE_RE, load_catalog, read_catalog
-from clustertrain.project import load_project
+from clustertrain.resolve import load_project
 from clustertrain.train.metrics import peak_flops_for
 
 ROOT = Path(__file__).resolve().parents[3]

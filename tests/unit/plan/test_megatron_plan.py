@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from clustertrain.errors import ConfigError
+from clustertrain.core.errors import ConfigError
 from clustertrain.plan.allocate import Hardware, ModelSpec, evaluate
 from clustertrain.plan.frameworks import BUILTIN, MEGATRON
 from clustertrain.plan.megatron_memory import estimate_megatron_memory, megatron_vocab, stage_memory
@@ -24,10 +24,10 @@ from clustertrain.plan.memory import in_flight_chunks, pipeline_bubble
 from clustertrain.plan.plan import make_plan
 from clustertrain.plan.preflight import plan_findings, submit_blockers
 from clustertrain.plan.render import render_plan
-from clustertrain.plan.shape import ModelShape
-from clustertrain.project import load_project
+from clustertrain.core.model_shape import ModelShape
+from clustertrain.resolve import load_project
 from clustertrain.train.config import ArchConfig, ParallelismConfig
-from clustertrain.train.layout import ParallelLayout
+from clustertrain.core.parallel_layout import ParallelLayout
 from tests.support.megatron_lm import megatron_source
 
 ROOT = Path(__file__).resolve().parents[3]

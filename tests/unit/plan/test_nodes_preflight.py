@@ -10,7 +10,8 @@ from pathlib import Path
 from clustertrain.plan.nodes import nodes_for
 from clustertrain.plan.plan import make_plan
 from clustertrain.plan.preflight import plan_findings, reason_field, submit_blockers
-from clustertrain.project import load_project, validate_project
+from clustertrain.project import validate_project
+from clustertrain.resolve import load_project
 
 ROOT = Path(__file__).resolve().parents[3]
 P5E = ROOT / "examples" / "p5e-80x7.yaml"
@@ -108,7 +109,7 @@ def test_submit_blockers_are_the_errors_of_the_chosen_models():
 
 
 def test_planning_imports_no_torch_and_is_fast():
-    code = ("import sys, time; t = time.perf_counter(); from clustertrain.project import load_project; "
+    code = ("import sys, time; t = time.perf_counter(); from clustertrain.resolve import load_project; "
             "from clustertrain.plan.nodes import nodes_for; from clustertrain.plan.preflight import plan_findings; "
             f"p = load_project({str(P5E)!r}); nodes_for(p); plan_findings(p); "
             "assert 'torch' not in sys.modules, 'planning imported torch'; print(time.perf_counter() - t)")

@@ -25,11 +25,11 @@ from clustertrain.plan.memory import (
 )
 from clustertrain.plan.plan import make_plan
 from clustertrain.plan.render import render_plan
-from clustertrain.plan.shape import ModelShape
+from clustertrain.core.model_shape import ModelShape
 from clustertrain.plan.traffic import data_parallel_traffic
-from clustertrain.project import load_project
+from clustertrain.resolve import load_project
 from clustertrain.train.config import ArchConfig, ParallelismConfig
-from clustertrain.train.layout import ParallelLayout, resolve_layout
+from clustertrain.core.parallel_layout import ParallelLayout, resolve_layout
 
 ROOT = Path(__file__).resolve().parents[3]
 P5_30B = ROOT / "examples" / "p5-30b.yaml"

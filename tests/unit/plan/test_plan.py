@@ -9,12 +9,12 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from clustertrain.errors import ConfigError
+from clustertrain.core.errors import ConfigError
 from clustertrain.plan.catalog import find_instance, load_catalog
 from clustertrain.plan.config import InstanceConfig, PlanConfig, PriceConfig
 from clustertrain.plan.plan import make_plan
 from clustertrain.plan.render import render_plan
-from clustertrain.project import load_project
+from clustertrain.resolve import load_project
 
 ROOT = Path(__file__).resolve().parents[3]
 P5E = ROOT / "examples" / "p5e-80x7.yaml"

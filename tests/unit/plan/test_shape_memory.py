@@ -16,9 +16,9 @@ from clustertrain.plan.memory import (
     local_shape,
     trainer_state_bytes,
 )
-from clustertrain.plan.shape import ModelShape, parameter_tensors
+from clustertrain.core.model_shape import ModelShape, parameter_tensors
 from clustertrain.train.config import ArchConfig, TrainingConfig
-from clustertrain.train.layout import ParallelLayout
+from clustertrain.core.parallel_layout import ParallelLayout
 from clustertrain.train.model import GPT, loss_fn
 from clustertrain.train.optim import build_optimizer
 

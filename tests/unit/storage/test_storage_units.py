@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from clustertrain.cli.storage import app
-from clustertrain.errors import StorageError
+from clustertrain.core.errors import StorageError
 from clustertrain.storage import (
     MANIFEST_NAME,
     FileStore,

@@ -14,8 +14,9 @@ from types import SimpleNamespace
 import pytest
 
 from clustertrain.storage import open_store, read_manifest
-from clustertrain.train.backup import CheckpointBackup, child_upload, is_due
-from clustertrain.train.checkpoint import CheckpointManager, complete_checkpoints, step_dir_name
+from clustertrain.train.checkpoint_backup import CheckpointBackup, child_upload, is_due
+from clustertrain.core.checkpoint_format import complete_checkpoints, step_dir_name
+from clustertrain.train.checkpoint import CheckpointManager
 
 
 def fake_checkpoint(root: Path, step: int, size: int = 1000) -> Path:

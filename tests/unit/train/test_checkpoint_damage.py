@@ -15,9 +15,9 @@ import shutil
 import pytest
 from torch.distributed.checkpoint import FileSystemWriter
 
-from clustertrain.errors import RunDirError
-from clustertrain.train.checkpoint import check_ownership, damage, find_latest, read_meta
-from clustertrain.train.state import TrainState, app_state
+from clustertrain.core.errors import RunDirError
+from clustertrain.core.checkpoint_format import check_ownership, damage, find_latest, read_meta
+from clustertrain.train.checkpoint_state import TrainState, app_state
 from tests.support.training import wait_for
 from tests.unit.train.test_checkpoint_manager import equal, manager, model_and_optim, snapshot
 

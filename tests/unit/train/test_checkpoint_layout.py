@@ -4,8 +4,9 @@ import json
 
 import pytest
 
-from clustertrain.errors import RunDirError
-from clustertrain.train.checkpoint import check_ownership, clean_stale, complete_checkpoints, find_latest
+from clustertrain.core.errors import RunDirError
+from clustertrain.core.checkpoint_format import check_ownership, complete_checkpoints, find_latest
+from clustertrain.train.checkpoint import clean_stale
 from clustertrain.train.metrics import peak_flops_for
 
 

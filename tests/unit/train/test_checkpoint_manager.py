@@ -12,10 +12,10 @@ import pytest
 import torch
 from torch.distributed.checkpoint import FileSystemWriter
 
-from clustertrain.errors import RunDirError
-from clustertrain.train.checkpoint import (CheckpointManager, check_ownership, complete_checkpoints, find_latest,
-                                           read_meta)
-from clustertrain.train.state import TrainState, app_state
+from clustertrain.core.errors import RunDirError
+from clustertrain.core.checkpoint_format import check_ownership, complete_checkpoints, find_latest, read_meta
+from clustertrain.train.checkpoint import CheckpointManager
+from clustertrain.train.checkpoint_state import TrainState, app_state
 from tests.support.training import wait_for
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # DCP warns that it runs without a process group
@@ -183,7 +183,7 @@ def test_another_architecture_or_shape_is_one_line_naming_the_checkpoint(tmp_pat
 def test_a_format_2_checkpoint_still_loads(tmp_path):
     """Format 2 kept AdamW's hyper-parameters per parameter group (``flatten=False``); format 3 keeps them per
     parameter. A checkpoint written the old way, meta.json version 2, loads every parameter and moment exactly."""
-    from clustertrain.train.state import ModelOptimState
+    from clustertrain.train.checkpoint_state import ModelOptimState
 
     model, opt = model_and_optim(0)
     state = app_state(model, opt, TrainState(3, 48))

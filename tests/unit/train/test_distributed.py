@@ -1,9 +1,9 @@
-"""The trainer's rank value: :mod:`clustertrain.ranks`' rules, seen from train/ (the rules themselves are
+"""The trainer's rank value: :mod:`clustertrain.core.ranks`' rules, seen from train/ (the rules themselves are
 tested in tests/unit/test_ranks.py)."""
 
 import pytest
 
-from clustertrain.ranks import RankError, port_for_job
+from clustertrain.core.ranks import RankError, port_for_job
 from clustertrain.train.distributed import RankEnv
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from clustertrain.errors import ConfigError
+from clustertrain.core.errors import ConfigError
 from clustertrain.train.hooks import Injections
 
 

@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from clustertrain.errors import ConfigError
+from clustertrain.core.errors import ConfigError
 from clustertrain.project import Project
 from clustertrain.train.config import ArchConfig, ParallelismConfig
-from clustertrain.train.layout import LayoutError, ParallelLayout, resolve_layout, structure_problems
+from clustertrain.core.parallel_layout import LayoutError, ParallelLayout, resolve_layout, structure_problems
 from clustertrain.train.trainer import layout_for
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from clustertrain.train.config import ArchConfig, ParallelismConfig
-from clustertrain.train.layout import resolve_layout
+from clustertrain.core.parallel_layout import resolve_layout
 from clustertrain.train.parallel import build_parallel_model
 
 ARCH = ArchConfig(layers=2, hidden=32, heads=4, seq_len=16, mlp="swiglu")

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from clustertrain.errors import LaunchError
+from clustertrain.core.errors import LaunchError
 from clustertrain.launch.sbatch import sbatch_quote
-from clustertrain.project import load_project
+from clustertrain.resolve import load_project
 from clustertrain.validate import CollectiveRun, CollectivesConfig, StorageRun, parse_output_file
 from clustertrain.validate.results import ValidateError, parse_size
 from clustertrain.validate.scan import CheckResult, ScanReport

@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from clustertrain.cli.validate import app
 from clustertrain.launch.batch import to_state
-from clustertrain.project import load_project
-from clustertrain.states import State
+from clustertrain.resolve import load_project
+from clustertrain.core.states import State
 from clustertrain.validate.scan import CheckResult, ScanReport
 from clustertrain.validate.storagebench import StorageBenchConfig
 from clustertrain.validate.suite import (

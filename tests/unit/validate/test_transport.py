@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from clustertrain.project import load_project
+from clustertrain.resolve import load_project
 from clustertrain.validate import CollectiveRun, parse_output_file
 from clustertrain.validate.suite import JobOutcome, SuiteConfig, SuitePaths, gather, plan_suite, suite_context
 from clustertrain.validate.transport import detect_transport, nccl_processes, transport_rows

@@ -17,7 +17,7 @@
 set -uo pipefail
 
 RUN_DIR=/fsx/proj/m1
-# Written by the ranks when training reached its last step (clustertrain/rundir.py RunPaths.completed).
+# Written by the ranks when training reached its last step (clustertrain/core/run_paths.py RunPaths.completed).
 COMPLETED_MARKER=/fsx/proj/m1/COMPLETED
 MAX_RESTARTS=5
 # Restarts so far: requeues of this job (stop signal) plus the resubmissions before it (failures; see the end).
@@ -27,12 +27,12 @@ SCRIPT="$0"
 EXCLUDED=${CLUSTERTRAIN_EXCLUDED-''}
 OUTPUT=/fsx/proj/logs/m1/proj-m1-"$SLURM_JOB_ID.out"
 OUTPUT_START=$(stat -c %s "$OUTPUT" 2>/dev/null || echo 0)
-# For the ranks' goodput account and preemption-save proof (clustertrain/train/watch.py).
+# For the ranks' goodput account and preemption-save proof (clustertrain/train/run_recorder.py).
 export CLUSTERTRAIN_ALLOCATED_AT="$(date +%s)"
 export CLUSTERTRAIN_SIGNAL_GRACE_S=120
 
 # End marker: this job's final state in the run directory, for `clustertrain status` once Slurm has forgotten
-# the job (MinJobAge; ParallelCluster keeps no completion log). Format: clustertrain/launch/jobs.py.
+# the job (MinJobAge; ParallelCluster keeps no completion log). Format: clustertrain/core/job_records.py.
 JOBS_DIR="$RUN_DIR/jobs"
 END_MARKER="$JOBS_DIR/$SLURM_JOB_ID.end"
 mkdir -p "$JOBS_DIR"
@@ -48,7 +48,7 @@ export NCCL_SOCKET_IFNAME='^docker,lo,veth'
 export NCCL_DEBUG=WARN
 export PYTHONUNBUFFERED=1
 
-# Rank wiring (clustertrain/ranks.py, the rules the ranks apply too): the ranks take rank/world from srun's
+# Rank wiring (clustertrain/core/ranks.py, the rules the ranks apply too): the ranks take rank/world from srun's
 # SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID, so torchrun-style variables inherited from the submitting shell go;
 # the rendezvous is the first node's NodeAddr (node names need not resolve) and a port derived from the job id.
 unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK
@@ -79,13 +79,13 @@ on_term() {
 }
 trap on_term TERM
 
-# The ranks' heartbeats of an earlier start are not this one's (clustertrain/monitor/heartbeats.py).
+# The ranks' heartbeats of an earlier start are not this one's (clustertrain/core/heartbeat_files.py).
 rm -rf "$RUN_DIR/heartbeat"
 srun --kill-on-bad-exit=1 --nodes=16 --ntasks-per-node=8 /opt/venv/bin/python -m clustertrain train --run-dir /fsx/proj/m1 --model m1 &
 srun_pid=$!
 if [ -n "$stop_signal" ]; then kill -s USR2 "$srun_pid" 2>/dev/null || true; fi
 
-# The hang watchdog (clustertrain/monitor/watchdog.py): a one-task step on this node beside the ranks' step, started
+# The hang watchdog (clustertrain/monitor/hang_watchdog.py): a one-task step on this node beside the ranks' step, started
 # once rank 0 has written its first heartbeat. Exit 3: it found a hang or a lost rank, recorded an incident and
 # asked every rank to exit; a rank that does not is stopped here.
 watchdog_pid=

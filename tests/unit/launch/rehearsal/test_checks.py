@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from clustertrain.launch.rehearsal.checks import MAX_DETAILS, TITLES, hostlist, ranges, run_checks
-from clustertrain.launch.rehearsal.model import JobView, Observed
+from clustertrain.rehearsal.checks import MAX_DETAILS, TITLES, hostlist, ranges, run_checks
+from clustertrain.rehearsal.model import JobView, Observed
 
 ORDER = ["booted", "concurrent", "world", "rendezvous", "one_gpu", "gpus_unshared", "dirs", "paths", "preset",
          "secrets"]
@@ -277,7 +277,7 @@ def test_secrets_in_texts_and_in_rank_environment():
 
 
 def test_checks_reuse_the_credential_patterns_of_clustertrain_check():
-    import clustertrain.launch.rehearsal.checks as checks
+    import clustertrain.rehearsal.checks as checks
 
     source = Path(checks.__file__).read_text()
     assert "from clustertrain.check import SECRET_RE" in source and "AKIA" not in source

@@ -8,7 +8,7 @@ import socket
 import threading
 
 from clustertrain.check import SECRET_NAME_RE, SECRET_RE
-from clustertrain.launch.rehearsal.payload import run
+from clustertrain.rehearsal.payload import run
 
 
 def free_port() -> int:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from clustertrain.launch.rehearsal.model import Check, RehearsalReport
-from clustertrain.launch.rehearsal.report import WIDTH, render_table, status, summary_line
+from clustertrain.rehearsal.model import Check, RehearsalReport
+from clustertrain.rehearsal.report import WIDTH, render_table, status, summary_line
 
 NAMES = ["booted", "concurrent", "world", "rendezvous", "one_gpu", "gpus_unshared", "dirs", "paths", "preset",
          "secrets"]

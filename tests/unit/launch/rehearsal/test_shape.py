@@ -8,9 +8,10 @@ import pytest
 import yaml
 
 from clustertrain.cloud.pcluster import build_cluster_config
-from clustertrain.errors import LaunchError
-from clustertrain.launch.rehearsal.shape import cluster_shape, gpu_type, with_nodes
-from clustertrain.project import load_project, validate_project
+from clustertrain.core.errors import LaunchError
+from clustertrain.rehearsal.shape import cluster_shape, gpu_type, with_nodes
+from clustertrain.project import validate_project
+from clustertrain.resolve import load_project
 
 FLAGSHIP = Path(__file__).resolve().parents[4] / "examples" / "p5e-80x7.yaml"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from clustertrain.launch.rehearsal.run import software_dirs
+from clustertrain.rehearsal.run import software_dirs
 
 
 def test_a_virtual_environment_under_tmp_is_bound_and_nested_ones_are_not_repeated(monkeypatch, tmp_path):

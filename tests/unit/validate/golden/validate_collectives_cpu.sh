@@ -20,7 +20,7 @@ cd "$RESULTS" || exit 1  # relative names (NCCL_DEBUG_FILE) land here
 export OMP_NUM_THREADS=1
 export PYTHONUNBUFFERED=1
 
-# Rank wiring (clustertrain/ranks.py, the rules the ranks apply too): inherited torchrun variables go;
+# Rank wiring (clustertrain/core/ranks.py, the rules the ranks apply too): inherited torchrun variables go;
 # the rendezvous is the first node's NodeAddr (node names need not resolve) and a port derived from the job id.
 unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK
 first_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)

@@ -1,4 +1,4 @@
-"""What a rehearsal observed, as values: the input of :mod:`clustertrain.launch.rehearsal.checks` and the
+"""What a rehearsal observed, as values: the input of :mod:`clustertrain.rehearsal.checks` and the
 report (``clustertrain rehearse --json`` prints :meth:`RehearsalReport.as_dict`)."""
 
 from __future__ import annotations

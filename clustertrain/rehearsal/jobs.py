@@ -4,12 +4,12 @@
 ``clustertrain submit`` does (:func:`~clustertrain.launch.sbatch.build_request`: the preset, the GPU directive,
 the plan's node count, Pyxis flags), then
 
-* swaps the rank command for the payload (:mod:`clustertrain.launch.rehearsal.payload`, run by this machine's
+* swaps the rank command for the payload (:mod:`clustertrain.rehearsal.payload`, run by this machine's
   interpreter: the image's is not here);
 * takes the Pyxis flags off ``srun`` (Pyxis is absent, and srun refuses options no plugin registered) and hands
   them to the checks instead: the image and every ``--container-mounts`` source must be visible on every node.
 
-:func:`submit_on_head` is what runs on the emulated head node (``python -m clustertrain.launch.rehearsal.jobs
+:func:`submit_on_head` is what runs on the emulated head node (``python -m clustertrain.rehearsal.jobs
 SUBMIT``): the data a user stages there before submitting (the tokenizer, the image) as placeholder files where
 they are absent, the run directory and its ``config.yaml``, then the scripts through
 :meth:`~clustertrain.launch.slurm.SlurmLauncher.submit_request` — the same calls ``submit`` makes. The requests
@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from clustertrain.launch.rehearsal.model import JobView
+from clustertrain.rehearsal.model import JobView
 from clustertrain.launch.sbatch import SbatchRequest, build_request, render_script
 
 if TYPE_CHECKING:
@@ -47,16 +47,16 @@ class RehearsalJob:
 def rehearsal_job(project: "Project", entry: "ModelEntry", nodes: int, rdir: Path, secret_name_re: str,
                   secret_value_re: str, hold_s: float, rendezvous_s: float) -> RehearsalJob:
     from clustertrain.launch.prepare import default_run_dir
-    from clustertrain.layout import mount_of, storage_layout
+    from clustertrain.core.storage_layout import mount_of, storage_layout
     from clustertrain.project import dump_project
-    from clustertrain.rundir import RunPaths
+    from clustertrain.core.run_paths import RunPaths
 
     layout = storage_layout(project)
     run_dir = default_run_dir(project, entry)
     real = build_request(project, entry, run_dir, nodes=nodes, submit_command="clustertrain rehearse PROJECT")
     spec_path = rdir / "jobs" / f"{entry.name}.json"
     request = replace(real, container_image=None, container_mounts=(), container_env=(),
-                      rank_command=(sys.executable, "-m", "clustertrain.launch.rehearsal.payload", str(spec_path)))
+                      rank_command=(sys.executable, "-m", "clustertrain.rehearsal.payload", str(spec_path)))
     paths = RunPaths(run_dir)
     dirs = {"run": str(run_dir), "logs": str(real.log_dir), "checkpoints": str(paths.checkpoints)}
     tb = layout.tensorboard_dir(entry.name)
@@ -91,7 +91,7 @@ def rehearsal_job(project: "Project", entry: "ModelEntry", nodes: int, rdir: Pat
 
 def write_submission(jobs: list[RehearsalJob], path: Path) -> None:
     """The head node's part, for :func:`submit_on_head` (see the module docstring)."""
-    from clustertrain.rundir import write_atomic
+    from clustertrain.core.run_paths import write_atomic
 
     items = [{"model": j.view.model, "request": j.request, "script": j.script, "placeholders": j.placeholders,
               "config": j.config_text} for j in jobs]
@@ -100,9 +100,9 @@ def write_submission(jobs: list[RehearsalJob], path: Path) -> None:
 
 def submit_on_head(path: Path) -> dict[str, dict]:
     """Stage, prepare and submit every job of the submission file; model -> {"job_id"} or {"error"}."""
-    from clustertrain.errors import ClusterTrainError
+    from clustertrain.core.errors import ClusterTrainError
     from clustertrain.launch.slurm import SlurmLauncher
-    from clustertrain.rundir import RunPaths, write_atomic
+    from clustertrain.core.run_paths import RunPaths, write_atomic
 
     items = pickle.loads(path.read_bytes())
     launcher = SlurmLauncher()
@@ -127,7 +127,7 @@ def submit_on_head(path: Path) -> dict[str, dict]:
 
 def main(argv: list[str]) -> None:
     if len(argv) != 1:
-        sys.exit("usage: python -m clustertrain.launch.rehearsal.jobs SUBMISSION")
+        sys.exit("usage: python -m clustertrain.rehearsal.jobs SUBMISSION")
     print(json.dumps(submit_on_head(Path(argv[0]))))
 
 

@@ -1,5 +1,5 @@
 """Each rank's heartbeat: what the rank is doing (step, phase), written by a thread of its own, and that thread's
-answer to the watchdog's requests (dump the stacks, exit). Formats: :mod:`clustertrain.monitor.heartbeats`.
+answer to the watchdog's requests (dump the stacks, exit). Formats: :mod:`clustertrain.core.heartbeat_files`.
 
 The training loop only sets attributes (:meth:`Beacon.phase`, :meth:`Beacon.step_done`): no I/O, no lock, no
 syscall on the hot path. The beacon thread writes the record every ``monitor.heartbeat_s`` with one ``pwrite``,
@@ -22,8 +22,8 @@ import time
 from collections import deque
 from pathlib import Path
 
-from clustertrain.monitor.heartbeats import Heartbeat, HeartbeatFile, read_request
-from clustertrain.rundir import RunPaths
+from clustertrain.core.heartbeat_files import Heartbeat, HeartbeatFile, read_request
+from clustertrain.core.run_paths import RunPaths
 
 #: how many recent step times the typical step time is taken over (the first step of an attempt is left out)
 STEP_WINDOW = 20
@@ -58,7 +58,7 @@ class Beacon:
 
     # -- the training loop's side: attribute writes only ----------------------------------------------
     def phase(self, name: str, step: int | None = None) -> None:
-        """The rank enters phase ``name`` (of :data:`clustertrain.monitor.heartbeats.PHASES`)."""
+        """The rank enters phase ``name`` (of :data:`clustertrain.core.heartbeat_files.PHASES`)."""
         r = self.record
         if step is not None:
             r.step = step

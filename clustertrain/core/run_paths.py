@@ -1,37 +1,37 @@
 """The run directory: every path a run reads or writes, named in one place. Where the run directory
 itself lives (and the Slurm output and TensorBoard directories when the project puts them elsewhere)
-is :mod:`clustertrain.layout`'s rule.
+is :mod:`clustertrain.core.storage_layout`'s rule.
 
     RUN_DIR/
       run.json              identity: project, model, architecture fingerprint, dataset, created, the clustertrain
-                            version that prepared the run (written by the launcher; clustertrain.runstate.RunInfo)
+                            version that prepared the run (written by the launcher; clustertrain.core.run_records.RunInfo)
       config.yaml           the resolved project file the ranks read (defaults filled in, overrides applied; ranks of
-                            another clustertrain version read it leniently: clustertrain.runstate.read_resolved_config)
+                            another clustertrain version read it leniently: clustertrain.core.run_records.read_resolved_config)
       metrics.jsonl         one JSON object per logged step (see clustertrain.train.metrics)
       tensorboard/          TensorBoard event files (rank 0), unless storage.tensorboard / aws.fsx[].holds puts them elsewhere
       logs/rank<R>.log      stdout+stderr of each local rank (local backend)
       checkpoints/          step_<8 digits>/ (DCP shards + meta.json) and the `latest` pointer
                             (clustertrain.train.checkpoint)
       status.json           how the last run of the ranks ended: COMPLETED | STOPPED, step, checkpoint, and the
-                            checkpoint backups (clustertrain.runstate.RunStatus; the backup fields:
-                            clustertrain.train.backup)
-      jobs.jsonl            one record per submitted Slurm job (Slurm backend; see clustertrain.launch.jobs)
+                            checkpoint backups (clustertrain.core.run_records.RunStatus; the backup fields:
+                            clustertrain.train.checkpoint_backup)
+      jobs.jsonl            one record per submitted Slurm job (Slurm backend; see clustertrain.core.job_records)
       COMPLETED             empty marker: training reached its last step (written after status.json, removed when the
-                            ranks start; clustertrain.runstate)
+                            ranks start; clustertrain.core.run_records)
       events.jsonl          rank 0's alarms (non-finite loss, loss spike, throughput drop, straggler), one JSON per line
       timing/rank<R>.jsonl  each rank's data / compute / comm time per logged step
       usage.json            one record per start of the ranks: when, where, how many GPUs (GPU-hours and cost)
       monitor/<node>.csv    the node sampler's GPU and host samples (clustertrain.monitor.samples); beside it
-                            <node>.events.jsonl, the sampler's GPU events (formats: clustertrain.monitor.records)
-      heartbeat/rank<R>.json each rank's heartbeat: step, phase, liveness (clustertrain.monitor.heartbeats); beside
+                            <node>.events.jsonl, the sampler's GPU events (formats: clustertrain.core.run_events)
+      heartbeat/rank<R>.json each rank's heartbeat: step, phase, liveness (clustertrain.core.heartbeat_files); beside
                             them request.json, the watchdog's request to dump stacks (and to exit)
       incidents/<time>/     what the watchdog collected about one hang or lost rank: incident.json, every rank's
-                            stack, flight-recorder dumps (clustertrain.monitor.watchdog)
+                            stack, flight-recorder dumps (clustertrain.monitor.hang_watchdog)
       jobs/                 the batch script of each submission, kept as submitted, and <job id>.end: the state the
-                            batch script recorded when the job ended (clustertrain.launch.jobs)
+                            batch script recorded when the job ended (clustertrain.core.job_records)
 
 Formats of the files clustertrain writes here and reads back (typed, lenient models with a ``version`` and the
-writer's ``clustertrain`` version): :mod:`clustertrain.runstate`.
+writer's ``clustertrain`` version): :mod:`clustertrain.core.run_records`.
 """
 
 from __future__ import annotations

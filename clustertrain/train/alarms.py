@@ -1,7 +1,7 @@
 """The trainer's alarm rules, as pure functions of what rank 0 logs (no I/O, no torch): a loss spike, a drop in
 tokens/s, and a straggler among the ranks. Rank 0 feeds them every logged step
-(:class:`clustertrain.train.watch.RunWatch`) and writes what they return to ``events.jsonl``
-(:mod:`clustertrain.monitor.records`). Each rule fires when its condition starts and re-arms when it clears, so a
+(:class:`clustertrain.train.run_recorder.RunWatch`) and writes what they return to ``events.jsonl``
+(:mod:`clustertrain.core.run_events`). Each rule fires when its condition starts and re-arms when it clears, so a
 long bad stretch is one event, not one per step. Thresholds: the ``monitor:`` section (:class:`MonitorConfig`).
 """
 
@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from clustertrain.monitor.config import MonitorConfig
-from clustertrain.monitor.records import Event, EventKind, Severity
+from clustertrain.core.run_events import Event, EventKind, Severity
 
 #: fewer logged values than this in the window: too early to call anything a spike or a drop
 MIN_HISTORY = 5

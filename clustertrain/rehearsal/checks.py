@@ -15,7 +15,7 @@ from collections import defaultdict
 from itertools import groupby
 from posixpath import normpath
 
-from clustertrain.launch.rehearsal.model import Check, JobView, Observed
+from clustertrain.rehearsal.model import Check, JobView, Observed
 
 MAX_DETAILS = 20
 TITLES = {

@@ -9,8 +9,8 @@ Format (version 1, :class:`JobRecord`): one JSON object per line, one line per s
 ``state`` is null until someone observed the end (``clustertrain status``, :meth:`SlurmLauncher.status`,
 ``wait``), then the final state in Slurm's own words (COMPLETED, FAILED, CANCELLED, TIMEOUT, PREEMPTED,
 NODE_FAIL...: what :func:`clustertrain.launch.slurm.to_job_status` maps to a
-:class:`clustertrain.states.State`, so PREEMPTED and NODE_FAIL stay told apart). ``restarts`` counts
-requeues; ``clustertrain`` is the version that wrote the line (see :mod:`clustertrain.runstate`).
+:class:`clustertrain.core.states.State`, so PREEMPTED and NODE_FAIL stay told apart). ``restarts`` counts
+requeues; ``clustertrain`` is the version that wrote the line (see :mod:`clustertrain.core.run_records`).
 Updates rewrite the file atomically (temp file + rename); readers ignore unknown keys and damaged
 lines, so a newer clustertrain can add fields.
 
@@ -44,10 +44,10 @@ from pathlib import Path
 
 from pydantic import ConfigDict, Field, ValidationError
 
-from clustertrain.errors import RunDirError
-from clustertrain.rundir import RunPaths, write_atomic
-from clustertrain.runstate import StoredRecord, parse_record
-from clustertrain.schema import StoredModel
+from clustertrain.core.errors import RunDirError
+from clustertrain.core.run_paths import RunPaths, write_atomic
+from clustertrain.core.run_records import StoredRecord, parse_record
+from clustertrain.core.schema import StoredModel
 
 RECORD_VERSION = 1
 SLURM_STATE = r"^[A-Z][A-Z_]*$"

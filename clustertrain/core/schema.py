@@ -6,12 +6,12 @@ naming ``file:line`` and the fix.
   errors, so a typo never passes silently.
 * :class:`StoredModel` — state a run wrote (``run.json``, ``status.json``, resolved ``config.yaml``
   read back by ranks, manifests, reports): unknown keys are ignored, so a file written by a newer
-  clustertrain still reads (the version check is explicit, see :mod:`clustertrain.rundir`).
+  clustertrain still reads (the version check is explicit, see :mod:`clustertrain.core.run_paths`).
 * :func:`load_yaml_model` — read a YAML file into a model; :func:`read_yaml` and
   :func:`validate_model` are its two halves for callers that edit the mapping in between
   (``--set`` overrides); :func:`require_mapping` says what a file that is not a mapping holds instead.
 
-This is a leaf module: it imports nothing else from clustertrain except :mod:`clustertrain.errors`.
+This is a leaf module: it imports nothing else from clustertrain except :mod:`clustertrain.core.errors`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any, ClassVar, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from clustertrain.errors import ClusterTrainError, ConfigError
+from clustertrain.core.errors import ClusterTrainError, ConfigError
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -1,5 +1,5 @@
 """The watchdog of one start of the ranks: it reads every rank's heartbeat, and when the rules of
-:mod:`clustertrain.monitor.hang` find a hang or a lost rank it collects the evidence, blames the node, and ends the
+:mod:`clustertrain.monitor.hang_rules` find a hang or a lost rank it collects the evidence, blames the node, and ends the
 ranks, so a hang never burns the rest of the time limit. Locally the launcher runs it in its wait loop
 (:class:`clustertrain.launch.local.LocalLauncher`); in a Slurm job the batch script runs ``clustertrain watchdog``
 as a one-task step beside the ranks' step (``srun --overlap``, in the ranks' container image) and acts on what it
@@ -8,7 +8,7 @@ decides (``launch/templates/sbatch.sh.j2``).
 An incident, step by step (:meth:`Watchdog.handle`):
 
 1. ``RUN_DIR/incidents/<UTC time>/`` is made and every rank is asked to dump its stacks (``heartbeat/request.json``,
-   :mod:`clustertrain.monitor.heartbeats`); the watchdog waits for the stacks of every rank still alive, at most
+   :mod:`clustertrain.core.heartbeat_files`); the watchdog waits for the stacks of every rank still alive, at most
    ``2 x heartbeat_s + 10`` s, before anything may exit (a rank that exits first makes its peers fail before they
    could write theirs).
 2. ``incident.json`` is written (format below), a ``hang`` or ``rank_lost`` event goes to ``events.jsonl``, and each
@@ -24,7 +24,7 @@ An incident, step by step (:meth:`Watchdog.handle`):
      "stacks": ["stacks/rank0.txt", "stacks/rank1.txt"], "missing_stacks": [], "flight": []}
 
 The verdict (Slurm): ``RUN_DIR/jobs/<job id>.verdict``, ``key=value`` lines like the end marker
-(:mod:`clustertrain.launch.jobs`), written atomically when the watchdog ends; the batch script reads it with
+(:mod:`clustertrain.core.job_records`), written atomically when the watchdog ends; the batch script reads it with
 ``sed`` after a failed step::
 
     version=1
@@ -50,11 +50,11 @@ from pathlib import Path
 from typing import Callable
 
 from clustertrain.monitor.config import MonitorConfig
-from clustertrain.monitor.hang import Verdict, dead_after, judge
-from clustertrain.monitor.heartbeats import Request, read_heartbeats, write_request
-from clustertrain.monitor.records import Event, EventKind, Severity, append_event
+from clustertrain.monitor.hang_rules import Verdict, dead_after, judge
+from clustertrain.core.heartbeat_files import Request, read_heartbeats, write_request
+from clustertrain.core.run_events import Event, EventKind, Severity, append_event
 from clustertrain.monitor.suspects import add_suspect
-from clustertrain.rundir import RunPaths, write_atomic
+from clustertrain.core.run_paths import RunPaths, write_atomic
 
 #: the watchdog process's exit code after it ended the ranks of an incident (the batch script then stops the step)
 EXIT_INCIDENT = 3

@@ -1,7 +1,7 @@
 """Each rank's heartbeat and the watchdog's requests to the ranks: the files under ``RUN_DIR/heartbeat/``.
 
 ``heartbeat/rank<R>.json`` (:class:`Heartbeat`; written by rank R's beacon thread,
-:class:`clustertrain.train.heartbeat.Beacon`): one JSON object, space-padded to :data:`RECORD_BYTES` and written in
+:class:`clustertrain.train.heartbeat_writer.Beacon`): one JSON object, space-padded to :data:`RECORD_BYTES` and written in
 place with one ``pwrite`` at offset 0 every ``monitor.heartbeat_s`` (no file is created or renamed after the first
 write: on Lustre that is one data RPC, not metadata operations)::
 
@@ -29,7 +29,7 @@ thread of its own can end it)::
      "exit_code": 75, "time": 1795000200.0}
 
 ``heartbeat/step-ended``: an empty file the batch script touches when the ranks' step has ended (the watchdog
-then decides and leaves: :func:`clustertrain.monitor.watchdog.serve`).
+then decides and leaves: :func:`clustertrain.monitor.hang_watchdog.serve`).
 
 Readers are lenient: a record cut by a concurrent write or a foreign file reads as none.
 """
@@ -43,8 +43,8 @@ from pathlib import Path
 
 from pydantic import Field, ValidationError
 
-from clustertrain.rundir import RunPaths, write_atomic
-from clustertrain.schema import StoredModel
+from clustertrain.core.run_paths import RunPaths, write_atomic
+from clustertrain.core.schema import StoredModel
 
 RECORD_BYTES = 512
 #: what a rank can be doing, in the order of one step (``startup`` before the first; ``upload``: rank 0 waiting for the

@@ -1,11 +1,11 @@
 """The records a run directory holds, typed: ``run.json``, ``status.json`` and the ``COMPLETED`` marker
-(where they lie: :mod:`clustertrain.rundir`), and how a rank reads the resolved ``config.yaml`` written
+(where they lie: :mod:`clustertrain.core.run_paths`), and how a rank reads the resolved ``config.yaml`` written
 by another clustertrain version.
 
-Every record is a :class:`StoredRecord` (a :class:`~clustertrain.schema.StoredModel`): keys a newer
+Every record is a :class:`StoredRecord` (a :class:`~clustertrain.core.schema.StoredModel`): keys a newer
 clustertrain added are ignored when read. Each carries ``version``, the number of its format (1), and
 ``clustertrain``, the version of the clustertrain that wrote it (``"unknown"`` in files from before it
-was recorded). Writers write ``model_dump_json()`` with :func:`~clustertrain.rundir.write_atomic`.
+was recorded). Writers write ``model_dump_json()`` with :func:`~clustertrain.core.run_paths.write_atomic`.
 
 ``run.json`` (:class:`RunInfo`; written by :func:`clustertrain.launch.prepare.prepare_run` at every
 ``run``/``submit``)::
@@ -25,9 +25,9 @@ was recorded). Writers write ``model_dump_json()`` with :func:`~clustertrain.run
 ``state`` is ``RUNNING`` (written by rank 0 when the ranks start), then ``COMPLETED`` (training reached
 ``max_steps``), ``STOPPED`` (a stop signal came first; the run resumes from ``checkpoint``) or ``FAILED`` (written
 by rank 0 when training itself failed, e.g. a non-finite loss, or by the local launcher when a rank died;
-``message`` says why), spelled as :class:`clustertrain.states.State`; files from before read
+``message`` says why), spelled as :class:`clustertrain.core.states.State`; files from before read
 their lower-case ``"completed"``/``"stopped"``. The backup fields are explained in
-:mod:`clustertrain.train.backup`; a backup's ``state`` is a :class:`BackupState`, not a run state.
+:mod:`clustertrain.train.checkpoint_backup`; a backup's ``state`` is a :class:`BackupState`, not a run state.
 
 ``COMPLETED``: an empty file, written after ``status.json`` when training reached its last step and
 removed when the ranks start (:func:`mark_started`, :func:`mark_completed`), so the batch script decides
@@ -51,10 +51,10 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from clustertrain import __version__
-from clustertrain.errors import ClusterTrainError, ConfigError, RunDirError
-from clustertrain.rundir import RunPaths, write_atomic
-from clustertrain.schema import StoredModel, format_validation_error, loc_str, read_yaml
-from clustertrain.states import State
+from clustertrain.core.errors import ClusterTrainError, ConfigError, RunDirError
+from clustertrain.core.run_paths import RunPaths, write_atomic
+from clustertrain.core.schema import StoredModel, format_validation_error, loc_str, read_yaml
+from clustertrain.core.states import State
 
 UNKNOWN_VERSION = "unknown"
 R = TypeVar("R", bound="StoredRecord")
@@ -128,7 +128,7 @@ class BackupState(StrEnum):
 
 
 class BackupRecord(StoredModel):
-    """One checkpoint backup (:mod:`clustertrain.train.backup`); times are Unix seconds."""
+    """One checkpoint backup (:mod:`clustertrain.train.checkpoint_backup`); times are Unix seconds."""
 
     checkpoint: str = Field(..., description="Checkpoint directory name (step_…).")
     url: str = Field(..., description="Where the copy goes.")

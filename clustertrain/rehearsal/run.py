@@ -2,16 +2,16 @@
 
 1. Refuse what cannot be rehearsed, before anything starts (one :class:`LaunchError` line, exit 2): not a Slurm
    project, no ``aws:`` section, a model the plan cannot place or that needs more nodes than its partition has,
-   more nodes than :data:`~clustertrain.launch.rehearsal.shape.MAX_NODES`, a rendezvous port already taken on
+   more nodes than :data:`~clustertrain.rehearsal.shape.MAX_NODES`, a rendezvous port already taken on
    this machine, no permission to create mount namespaces. Models that fit one by one but not together are
    rehearsed: Slurm's pending reason is the finding.
 2. Lay out the rehearsal directory ``R`` (mode 0700; layout below), start the emulated cluster
-   (:class:`~clustertrain.launch.rehearsal.cluster.RehearsalCluster`): the head node, then every compute node,
+   (:class:`~clustertrain.rehearsal.cluster.RehearsalCluster`): the head node, then every compute node,
    each booting through the project's own node scripts.
-3. Submit every model's real batch script on the head node, at once (:mod:`clustertrain.launch.rehearsal.jobs`).
+3. Submit every model's real batch script on the head node, at once (:mod:`clustertrain.rehearsal.jobs`).
 4. Watch ``squeue`` until every job's rank 0 holds (it has run) or the job is stuck pending or ended; that moment
    is the snapshot the ``concurrent`` check reads. Then release the ranks, cancel what still pends, wait.
-5. Check (:func:`~clustertrain.launch.rehearsal.checks.run_checks`) and tear everything down unless ``keep``.
+5. Check (:func:`~clustertrain.rehearsal.checks.run_checks`) and tear everything down unless ``keep``.
 
 Rehearsal directory::
 
@@ -38,13 +38,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from clustertrain.errors import LaunchError
-from clustertrain.launch.rehearsal.cluster import HEAD, HeadBootFailed, RehearsalCluster
-from clustertrain.launch.rehearsal.model import JobView, Observed, RehearsalReport
-from clustertrain.launch.rehearsal.shape import MAX_NODES, Shape, cluster_shape
+from clustertrain.core.errors import LaunchError
+from clustertrain.rehearsal.cluster import HEAD, HeadBootFailed, RehearsalCluster
+from clustertrain.rehearsal.model import JobView, Observed, RehearsalReport
+from clustertrain.rehearsal.shape import MAX_NODES, Shape, cluster_shape
 
 if TYPE_CHECKING:
-    from clustertrain.launch.rehearsal.jobs import RehearsalJob
+    from clustertrain.rehearsal.jobs import RehearsalJob
     from clustertrain.project import Project
 
 AWS_SHIM = """#!/bin/bash
@@ -101,7 +101,7 @@ def preflight(project: "Project", shape: Shape, nodes: dict[str, int], directory
             raise LaunchError(f"{model} needs {n} nodes but the {queue.name} partition has {len(queue.nodes)}: the job "
                               f"could never start; raise aws.queues max_count or lower the model's nodes")
     for i, model in enumerate(nodes, start=1):
-        from clustertrain.ranks import port_for_job
+        from clustertrain.core.ranks import port_for_job
 
         port = port_for_job(i)
         with socket.socket() as s:
@@ -131,7 +131,7 @@ def plan_nodes(project: "Project") -> dict[str, int]:
 
 
 def _layout(rdir: Path, shape: Shape, cluster: RehearsalCluster, opts: RehearseOptions) -> None:
-    from clustertrain.rundir import write_atomic
+    from clustertrain.core.run_paths import write_atomic
 
     for name in ("boot", "s3", "bin", "shared/home", "jobs", "records", "holding"):
         (rdir / name).mkdir(parents=True, exist_ok=True)
@@ -185,7 +185,7 @@ def _q(text: str) -> str:
 
 def host_path(path: str, rdir: Path, shape: Shape) -> Path | None:
     """Where a node's path on a shared file system lies on this machine (None: on a node's own disk)."""
-    from clustertrain.layout import mount_of
+    from clustertrain.core.storage_layout import mount_of
 
     mounts = {d: n for n, d in shape.shared.items()} | {"/home": "home"}
     top = mount_of(path, list(mounts))
@@ -196,7 +196,7 @@ def host_path(path: str, rdir: Path, shape: Shape) -> Path | None:
 
 def _squeue(cluster: RehearsalCluster) -> dict[str, dict]:
     from clustertrain.launch.slurmcli import run_slurm
-    from clustertrain.ranks import expand_hostlist
+    from clustertrain.core.ranks import expand_hostlist
 
     proc = run_slurm(["squeue", "-h", "-o", "%i|%T|%r|%N|%P"], env=cluster.env(), check=False, timeout=30)
     out = {}
@@ -264,7 +264,7 @@ def _run_jobs(project: "Project", cluster: RehearsalCluster, rdir: Path, shape: 
     import sys
 
     from clustertrain.check import SECRET_NAME_RE, SECRET_RE
-    from clustertrain.launch.rehearsal.jobs import rehearsal_job, write_submission
+    from clustertrain.rehearsal.jobs import rehearsal_job, write_submission
     from clustertrain.launch.slurm_query import JobGone, query_job
 
     jobs: list[RehearsalJob] = []
@@ -279,7 +279,7 @@ def _run_jobs(project: "Project", cluster: RehearsalCluster, rdir: Path, shape: 
         jobs.append(job)
     write_submission(jobs, rdir / "submission.pkl")
     env = {**os.environ, **cluster.env()}
-    proc = subprocess.run(cluster.head_command([sys.executable, "-m", "clustertrain.launch.rehearsal.jobs",
+    proc = subprocess.run(cluster.head_command([sys.executable, "-m", "clustertrain.rehearsal.jobs",
                                                 str(rdir / "submission.pkl")]),
                           env=env, capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
@@ -330,7 +330,7 @@ def _run_jobs(project: "Project", cluster: RehearsalCluster, rdir: Path, shape: 
 def rehearse(project: "Project", opts: RehearseOptions | None = None, log: Callable[[str], None] = lambda _: None) -> RehearsalReport:
     """The rehearsal of ``project`` (see the module docstring); ``log`` gets one line per step."""
     from clustertrain.cloud.pcluster import build_cluster_config
-    from clustertrain.launch.rehearsal.checks import run_checks
+    from clustertrain.rehearsal.checks import run_checks
 
     opts = opts or RehearseOptions()
     start = time.monotonic()

@@ -1,13 +1,13 @@
 """What every rank of a rehearsal job runs in place of training: it records what it saw, meets its peers at the
 rendezvous the batch script exported, and (rank 0) holds its job's nodes until the rehearsal has seen every job.
 
-``python -m clustertrain.launch.rehearsal.payload JOB_SPEC`` (the rank command of the model's real batch script,
-:mod:`clustertrain.launch.rehearsal.jobs`). Light on purpose: stdlib and :mod:`clustertrain.ranks` (the rules the
+``python -m clustertrain.rehearsal.payload JOB_SPEC`` (the rank command of the model's real batch script,
+:mod:`clustertrain.rehearsal.jobs`). Light on purpose: stdlib and :mod:`clustertrain.core.ranks` (the rules the
 trainer applies to find its rank), as 640 of these start on a 2-core machine.
 
 Steps of one rank:
 
-1. its rank from the environment (:meth:`clustertrain.ranks.RankInfo.from_environ`, as training does);
+1. its rank from the environment (:meth:`clustertrain.core.ranks.RankInfo.from_environ`, as training does);
 2. local rank 0 of each node leaves a marker ``.rehearsal-<job>-<node>`` in each directory the job writes;
 3. a barrier over TCP at ``MASTER_ADDR:MASTER_PORT``: rank 0 listens, every other rank connects and says who it is;
    when all ``world`` ranks are in, rank 0 answers each ``go`` (a wrong address or port shows as ranks that never
@@ -44,7 +44,7 @@ import socket
 import sys
 import time
 
-from clustertrain.ranks import RANK_VARIABLES, RankError, RankInfo, expand_hostlist
+from clustertrain.core.ranks import RANK_VARIABLES, RankError, RankInfo, expand_hostlist
 
 GPU_VARIABLES = ("CUDA_VISIBLE_DEVICES", "SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "GPU_DEVICE_ORDINAL")
 
@@ -167,7 +167,7 @@ def run(spec: dict, env: dict[str, str]) -> int:
 
 def main(argv: list[str]) -> None:
     if len(argv) != 1:
-        sys.exit("usage: python -m clustertrain.launch.rehearsal.payload JOB_SPEC")
+        sys.exit("usage: python -m clustertrain.rehearsal.payload JOB_SPEC")
     with open(argv[0]) as f:
         spec = json.load(f)
     sys.exit(run(spec, dict(os.environ)))

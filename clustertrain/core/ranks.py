@@ -1,6 +1,6 @@
 """Rank wiring, in one place: who a process is in a distributed job, and where its ranks meet.
 
-Leaf module (stdlib and :mod:`clustertrain.errors` only): ``train/`` imports it on compute nodes,
+Leaf module (stdlib and :mod:`clustertrain.core.errors` only): ``train/`` imports it on compute nodes,
 ``validate/`` and ``launch/`` (and, through :func:`batch_lines`, the batch-script templates) use the
 same rules.
 
@@ -35,7 +35,7 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
-from clustertrain.errors import ClusterTrainError
+from clustertrain.core.errors import ClusterTrainError
 
 PORT_BASE = 20000
 PORT_SPAN = 10000

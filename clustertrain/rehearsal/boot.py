@@ -1,7 +1,7 @@
 """The boot of one emulated node of a rehearsal, in ParallelCluster's phase order; then it becomes the node's daemon.
 
-Run as ``unshare -m --propagation private -- python -m clustertrain.launch.rehearsal.boot SPEC NODE -- DAEMON...``
-(:class:`clustertrain.launch.rehearsal.cluster.RehearsalCluster` builds that line), so every mount below exists
+Run as ``unshare -m --propagation private -- python -m clustertrain.rehearsal.boot SPEC NODE -- DAEMON...``
+(:class:`clustertrain.rehearsal.cluster.RehearsalCluster` builds that line), so every mount below exists
 only in this node's mount namespace and dies with its last process. Stdlib only: 81 of these start at once.
 
 The node's file systems (nothing outside the rehearsal directory ``R`` is written on this machine):
@@ -250,7 +250,7 @@ def tail(path: str, lines: int = 3) -> str:
 
 def main(argv: list[str]) -> None:
     if len(argv) < 4 or argv[2] != "--":
-        sys.exit("usage: python -m clustertrain.launch.rehearsal.boot SPEC NODE -- DAEMON [ARGS...]")
+        sys.exit("usage: python -m clustertrain.rehearsal.boot SPEC NODE -- DAEMON [ARGS...]")
     with open(argv[0]) as f:
         spec = json.load(f)
     Booter(spec, argv[1]).boot(argv[3:])

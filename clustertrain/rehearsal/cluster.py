@@ -1,5 +1,5 @@
 """The emulated cluster: :class:`~clustertrain.launch.slurm_cluster.LocalSlurmCluster` whose daemons start
-through the node boot driver (:mod:`clustertrain.launch.rehearsal.boot`), each in its own mount namespace.
+through the node boot driver (:mod:`clustertrain.rehearsal.boot`), each in its own mount namespace.
 
 Order, as ParallelCluster creates a cluster: munged (this machine), then the head node boots and starts
 slurmctld in its config phase; once its OnNodeConfigured actions are done (the job directories exist on the
@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from clustertrain.errors import LaunchError
+from clustertrain.core.errors import LaunchError
 from clustertrain.launch.slurm_cluster import LocalSlurmCluster, NodeGroup
 
 HEAD = "head"
@@ -46,7 +46,7 @@ class RehearsalCluster(LocalSlurmCluster):
         if node is None:
             return argv  # munged runs on this machine: only its socket is shared, through the rehearsal directory
         return [_need("unshare"), "--mount", "--propagation", "private", "--", sys.executable, "-m",
-                "clustertrain.launch.rehearsal.boot", str(self.spec_path), node, "--", *argv]
+                "clustertrain.rehearsal.boot", str(self.spec_path), node, "--", *argv]
 
     def boot_result(self, node: str) -> dict | None:
         try:

@@ -13,7 +13,7 @@ Which checkpoints
 
 How (:class:`CheckpointBackup`)
     Right after a save, rank 0 hands the checkpoint over and goes on training. One upload at a time
-    runs in a child process (``python -m clustertrain.train.backup DIR URL``: sync, then verify), at
+    runs in a child process (``python -m clustertrain.train.checkpoint_backup DIR URL``: sync, then verify), at
     lower CPU priority, so it never competes with the training loop for the interpreter lock; a thread
     of rank 0 only waits for it. A checkpoint handed over while an upload runs waits in a single slot;
     a later one replaces it (the earlier is recorded as ``superseded``). ``keep_last`` never deletes
@@ -25,14 +25,14 @@ How (:class:`CheckpointBackup`)
     command that finishes the copy by hand, with the project's endpoint and region; it sends only what is missing.
 
 Records (in ``status.json``, written by :func:`clustertrain.train.trainer.write_status`; the format is
-:class:`clustertrain.runstate.RunStatus`)
+:class:`clustertrain.core.run_records.RunStatus`)
     ``backup``: URL of the verified copy of the run's last checkpoint, else null; ``backup_state``: that
     checkpoint's backup state (``verified``, ``failed``, ``superseded``, ``in progress``), else null;
     ``backup_error``: the last failure's message, else null; ``backups``: the last :data:`KEEP_RECORDS`
-    records :class:`~clustertrain.runstate.BackupRecord` ``{"checkpoint": "step_…", "url", "state":
+    records :class:`~clustertrain.core.run_records.BackupRecord` ``{"checkpoint": "step_…", "url", "state":
     "verified"|"failed"|"superseded", "started", "finished", "seconds", "error"}`` (times are Unix seconds;
-    ``started`` is null for a superseded one). A backup's state is a :class:`~clustertrain.runstate.BackupState`,
-    not a run's :class:`~clustertrain.states.State`.
+    ``started`` is null for a superseded one). A backup's state is a :class:`~clustertrain.core.run_records.BackupState`,
+    not a run's :class:`~clustertrain.core.states.State`.
 """
 
 from __future__ import annotations
@@ -47,9 +47,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from clustertrain.errors import ClusterTrainError, StorageError
+from clustertrain.core.errors import ClusterTrainError, StorageError
 from clustertrain.project import ModelEntry, Project
-from clustertrain.runstate import BackupRecord, BackupState
+from clustertrain.core.run_records import BackupRecord, BackupState
 
 KEEP_RECORDS = 50
 NICE = 10  # the uploader's CPU priority offset: training threads come first
@@ -80,7 +80,7 @@ Upload = Callable[[Path, str], None]
 def child_upload(endpoint_url: str | None, region: str | None) -> Upload:
     """The default :data:`Upload`: one child process per checkpoint (see the module docstring)."""
     def upload(checkpoint: Path, url: str) -> None:
-        cmd = [sys.executable, "-m", "clustertrain.train.backup", str(checkpoint), url]
+        cmd = [sys.executable, "-m", "clustertrain.train.checkpoint_backup", str(checkpoint), url]
         if endpoint_url:
             cmd += ["--endpoint-url", endpoint_url]
         if region:
@@ -207,12 +207,12 @@ class CheckpointBackup:
 
 # -- the child process ---------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    """``python -m clustertrain.train.backup DIR URL [--endpoint-url E] [--region R]``: copy and verify."""
+    """``python -m clustertrain.train.checkpoint_backup DIR URL [--endpoint-url E] [--region R]``: copy and verify."""
     import os
 
     from clustertrain.storage import StoreConfig, backup_directory
 
-    ap = argparse.ArgumentParser(prog="python -m clustertrain.train.backup")
+    ap = argparse.ArgumentParser(prog="python -m clustertrain.train.checkpoint_backup")
     ap.add_argument("checkpoint")
     ap.add_argument("url")
     ap.add_argument("--endpoint-url")

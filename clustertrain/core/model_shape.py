@@ -145,13 +145,3 @@ def training_flops_per_token(non_embedding_params: int, layers: int, heads: int,
     non-embedding matmuls (forward + backward) + 6·L·H·head_dim·seq for attention's QK^T and AV with
     the causal half counted. ``tests/unit/train/test_model.py`` checks it against torch's FLOP counter."""
     return 6.0 * non_embedding_params + 6.0 * layers * heads * head_dim * seq_len
-
-
-def model_vocab(arch, tokenizer: str) -> int:
-    """The model's vocabulary as the trainer computes it: the configured one, or the tokenizer's rounded
-    up to a multiple of 64 (``clustertrain.train.model.padded_vocab``; the test checks they agree)."""
-    if arch.vocab is not None:
-        return arch.vocab
-    from clustertrain.data.tokenizers import load_tokenizer
-
-    return (load_tokenizer(tokenizer).vocab_size + 63) // 64 * 64

@@ -1,7 +1,7 @@
 """Rank 0's record of a run while it trains: ``status.json`` says RUNNING from the first step and the final state at
 the end (written by the run itself, not inferred later), ``usage.json`` gets one attempt per start of the ranks with
-a heartbeat at logged steps (at most every ``HEARTBEAT_S``), and the alarms of :mod:`clustertrain.monitor.alarms` go to ``events.jsonl``
-(formats: :mod:`clustertrain.runstate`, :mod:`clustertrain.monitor.records`). Recording never stops training: a
+a heartbeat at logged steps (at most every ``HEARTBEAT_S``), and the alarms of :mod:`clustertrain.train.alarms` go to ``events.jsonl``
+(formats: :mod:`clustertrain.core.run_records`, :mod:`clustertrain.core.run_events`). Recording never stops training: a
 write that fails is reported once on stderr and skipped.
 """
 
@@ -14,12 +14,12 @@ import time
 from dataclasses import asdict, replace
 from typing import Any
 
-from clustertrain.monitor.alarms import LossSpike, RankTiming, Stragglers, ThroughputDrop, spread
+from clustertrain.train.alarms import LossSpike, RankTiming, Stragglers, ThroughputDrop, spread
 from clustertrain.monitor.config import MonitorConfig
-from clustertrain.monitor.records import Attempt, Event, EventKind, Severity, append_event, read_usage, write_usage
-from clustertrain.rundir import RunPaths
-from clustertrain.runstate import RunStatus, write_status_record
-from clustertrain.states import State
+from clustertrain.core.run_events import Attempt, Event, EventKind, Severity, append_event, read_usage, write_usage
+from clustertrain.core.run_paths import RunPaths
+from clustertrain.core.run_records import RunStatus, write_status_record
+from clustertrain.core.states import State
 
 #: usage.json's heartbeat is written at a logged step at most this often (a killed attempt loses at most this much)
 HEARTBEAT_S = 5.0

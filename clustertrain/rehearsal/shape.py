@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from clustertrain.errors import LaunchError
+from clustertrain.core.errors import LaunchError
 from clustertrain.launch.slurm_cluster import NodeGroup
 
 if TYPE_CHECKING:
@@ -153,7 +153,8 @@ def with_nodes(project: "Project", nodes: int) -> "Project":
     cluster config and the emulated cluster agree."""
     import yaml
 
-    from clustertrain.project import apply_override, dump_project, validate_project
+    from clustertrain.project import apply_override, dump_project
+    from clustertrain.resolve import project_from_mapping
 
     if project.aws is None:
         return project
@@ -169,4 +170,4 @@ def with_nodes(project: "Project", nodes: int) -> "Project":
         apply_override(raw, f"cluster.nodes={nodes}")
     if project.plan.cluster_nodes is not None:
         apply_override(raw, f"plan.cluster_nodes={nodes}")
-    return validate_project(raw, source=f"{project.name} with --nodes {nodes}")
+    return project_from_mapping(raw, source=f"{project.name} with --nodes {nodes}")

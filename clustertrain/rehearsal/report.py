@@ -10,8 +10,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from clustertrain.launch.rehearsal.checks import hostlist, plural
-from clustertrain.launch.rehearsal.model import Check, RehearsalReport
+from clustertrain.rehearsal.checks import hostlist, plural
+from clustertrain.rehearsal.model import Check, RehearsalReport
 
 WIDTH = 120
 

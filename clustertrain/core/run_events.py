@@ -1,5 +1,5 @@
 """What a run records about itself while it trains, beside ``metrics.jsonl``: events, per-rank step timing and
-usage (where each file lies: :class:`clustertrain.rundir.RunPaths`). Every reader here is lenient: a missing
+usage (where each file lies: :class:`clustertrain.core.run_paths.RunPaths`). Every reader here is lenient: a missing
 file is nothing recorded, a line cut short by a kill is skipped.
 
 ``events.jsonl`` (rank 0's alarms; :func:`append_event`) and ``monitor/<node>.events.jsonl`` (each node's
@@ -15,7 +15,7 @@ Kinds (:class:`EventKind`): ``nonfinite`` (error: the run stopped), ``loss_spike
 ``threshold``: the seconds the signal gave), ``checkpoint`` (``value``: seconds training stalled for the save,
 ``threshold``: seconds until it was committed) (rank 0); ``gpu_temperature``, ``gpu_throttle``, ``gpu_ecc``,
 ``gpu_xid``, ``sampler_failed`` (the sampler); ``hang``, ``rank_lost``, ``node_suspect`` (the watchdog,
-:mod:`clustertrain.monitor.watchdog`).
+:mod:`clustertrain.monitor.hang_watchdog`).
 
 ``timing/rank<R>.jsonl`` (each rank its own; :class:`TimingRow`): one line per logged step, the mean per step
 over the steps since the previous logged one::
@@ -56,11 +56,11 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
-from clustertrain.errors import RunDirError
-from clustertrain.rundir import RunPaths
-from clustertrain.runstate import StoredRecord, read_record, write_record
-from clustertrain.schema import StoredModel
-from clustertrain.states import State
+from clustertrain.core.errors import RunDirError
+from clustertrain.core.run_paths import RunPaths
+from clustertrain.core.run_records import StoredRecord, read_record, write_record
+from clustertrain.core.schema import StoredModel
+from clustertrain.core.states import State
 
 
 class EventKind(StrEnum):

@@ -1,4 +1,4 @@
-"""The watchdog's rules, pure: from every rank's heartbeat (:mod:`clustertrain.monitor.heartbeats`) and the clock,
+"""The watchdog's rules, pure: from every rank's heartbeat (:mod:`clustertrain.core.heartbeat_files`) and the clock,
 is the job hung, or has a rank vanished, and who is to blame?
 
 * **Lost rank**: a rank that has not left training (no ending record) and whose beacon has not written for
@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from clustertrain.monitor.config import MonitorConfig
-from clustertrain.monitor.heartbeats import Heartbeat
+from clustertrain.core.heartbeat_files import Heartbeat
 
 #: phases the watchdog does not bound: rank 0 waiting for the last checkpoint's upload after training
 UNBOUNDED = ("upload",)

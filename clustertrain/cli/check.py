@@ -5,6 +5,7 @@ naming the section, the field and the fix."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -35,12 +36,24 @@ def check_command(
             for section, f in report.findings]
     if rows:  # one line per finding (a table that greps and pastes well), errors first
         rows.sort(key=lambda r: r[0] != "error")
-        widths = [max(len(r[i]) for r in rows + [("level", "check", "field", "")]) for i in range(3)]
-        typer.echo("  ".join(h.ljust(w) for h, w in zip(("level", "check", "field"), widths)) + "  problem; fix")
-        for r in rows:
-            typer.echo("  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3])
+        typer.echo(_table(rows))
     for note in report.notes:
         typer.echo(f"note: {note}")
     typer.echo(f"{project_file}: {len(report.errors)} error(s), {len(report.warnings)} warning(s) "
              f"(checked: {', '.join(report.sections)})")
     raise typer.Exit(0 if report.ok else 2)
+
+
+def _table(rows: list[tuple[str, str, str, str]]) -> str:
+    """The findings as a borderless rich table: columns two blanks apart, no wrapping (the console is wider than
+    any line, so a long problem stays on its row's one line), no colour or markup, trailing blanks cut."""
+    from rich.console import Console
+    from rich.table import Table
+
+    buf = io.StringIO()
+    console = Console(file=buf, width=1 << 20, highlight=False, color_system=None, markup=False, emoji=False)
+    table = Table("level", "check", "field", "problem; fix", box=None, pad_edge=False)
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    return "\n".join(line.rstrip() for line in buf.getvalue().splitlines())

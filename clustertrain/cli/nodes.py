@@ -13,6 +13,7 @@ run it on the head node.
 
 from __future__ import annotations
 
+import io
 import json
 import time
 from pathlib import Path
@@ -166,16 +167,24 @@ def _row(entry: "Suspect", now: float, state: str) -> dict[str, Any]:
 
 
 def render_rows(rows: list[dict[str, Any]], history: bool) -> str:
-    """A plain table, reason last (it may be long); ``history`` adds the state column."""
+    """A plain rich table, one line per entry, reason last (it may be long: the console is wider than any line, so it
+    is neither wrapped nor cut); ``history`` adds the state column. No borders, colour or markup; trailing blanks cut."""
+    from rich.console import Console
+    from rich.table import Table
+
     from clustertrain.monitor.status import human_duration
 
     head = [*COLUMNS[:-1], *(("state",) if history else ()), COLUMNS[-1]]
     cells = [[r["node"], r["source"], r["job"] or "-", r["model"] or "-", _when(r["added"]),
               human_duration(r["expires_in_s"]) if r["expires_in_s"] else "expired",
               *((r["state"],) if history else ()), r["reason"] or "-"] for r in rows]
-    widths = [max(len(str(c[i])) for c in [head, *cells]) for i in range(len(head) - 1)]
-    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(line, widths)) + "  " + str(line[-1])
-                     for line in [head, *cells])
+    buf = io.StringIO()
+    console = Console(file=buf, width=1 << 20, highlight=False, color_system=None, markup=False, emoji=False)
+    table = Table(*head, box=None, pad_edge=False)
+    for line in cells:
+        table.add_row(*(str(c) for c in line))
+    console.print(table)
+    return "\n".join(line.rstrip() for line in buf.getvalue().splitlines())
 
 
 def _when(stamp: float) -> str:

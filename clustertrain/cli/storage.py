@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -26,11 +26,14 @@ def _options(endpoint_url: Optional[str], region: Optional[str], profile: Option
     return StoreConfig(endpoint_url=endpoint_url, region=region, profile=profile, part_size_mb=part_size_mb)
 
 
-EndpointOpt = typer.Option(None, "--endpoint-url", help="S3-compatible endpoint (default: AWS_ENDPOINT_URL or AWS).")
-RegionOpt = typer.Option(None, "--region", help="AWS region (default: boto3's chain).")
-ProfileOpt = typer.Option(None, "--profile", help="AWS profile (default: boto3's chain).")
-PartOpt = typer.Option(8, "--part-size-mb", min=5, help="Multipart part size in MiB; bigger files go multipart.")
-JobsOpt = typer.Option(8, "--jobs", "-j", min=1, help="Files moved at the same time.")
+# The options the commands share, each declared once (defaults stay in the signatures, as Annotated requires).
+EndpointOpt = Annotated[Optional[str], typer.Option("--endpoint-url", help="S3-compatible endpoint (default: AWS_ENDPOINT_URL or AWS).")]
+RegionOpt = Annotated[Optional[str], typer.Option("--region", help="AWS region (default: boto3's chain).")]
+ProfileOpt = Annotated[Optional[str], typer.Option("--profile", help="AWS profile (default: boto3's chain).")]
+PartOpt = Annotated[int, typer.Option("--part-size-mb", min=5, help="Multipart part size in MiB; bigger files go multipart.")]
+JobsOpt = Annotated[int, typer.Option("--jobs", "-j", min=1, help="Files moved at the same time.")]
+PART_SIZE_MB = 8  # --part-size-mb's default
+JOBS = 8  # --jobs's default
 
 
 @app.command("sync")
@@ -39,11 +42,11 @@ def sync_cmd(
     dst: str = typer.Argument(..., help="Destination: a directory, file:///dir or s3://bucket/prefix."),
     delete: bool = typer.Option(False, "--delete", help="Remove destination objects the new manifest no longer lists."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Only print what would be sent and deleted."),
-    jobs: int = JobsOpt,
-    endpoint_url: Optional[str] = EndpointOpt,
-    part_size_mb: int = PartOpt,
-    region: Optional[str] = RegionOpt,
-    profile: Optional[str] = ProfileOpt,
+    jobs: JobsOpt = JOBS,
+    endpoint_url: EndpointOpt = None,
+    part_size_mb: PartOpt = PART_SIZE_MB,
+    region: RegionOpt = None,
+    profile: ProfileOpt = None,
 ) -> None:
     """Make DST a complete copy of SRC, moving only new or changed files; the manifest is written last."""
     from clustertrain.storage import sync
@@ -71,15 +74,15 @@ def verify_cmd(
     dst: str = typer.Argument(..., help="The copy to check: a directory, file:///dir or s3://bucket/prefix."),
     manifest: Optional[Path] = typer.Option(None, "--manifest", help="Manifest file to check against (default: DST's)."),
     full: bool = typer.Option(False, "--full", help="Download and re-hash every object."),
-    jobs: int = JobsOpt,
-    endpoint_url: Optional[str] = EndpointOpt,
-    region: Optional[str] = RegionOpt,
-    profile: Optional[str] = ProfileOpt,
+    jobs: JobsOpt = JOBS,
+    endpoint_url: EndpointOpt = None,
+    region: RegionOpt = None,
+    profile: ProfileOpt = None,
 ) -> None:
     """Compare DST with its manifest; exit 2 when anything is missing, extra or corrupt."""
     from clustertrain.storage import verify
 
-    options = _options(endpoint_url, region, profile, 8)
+    options = _options(endpoint_url, region, profile, PART_SIZE_MB)
     result = verify(dst, manifest, full=full, jobs=jobs, options=options, progress=True)
     for key in result.missing:
         out.print(f"missing  {key}")
@@ -100,11 +103,11 @@ def verify_cmd(
 def restore_cmd(
     src: str = typer.Argument(..., help="A complete copy: s3://bucket/prefix, file:///dir or a directory."),
     dst: Path = typer.Argument(..., help="Local directory to restore into."),
-    jobs: int = JobsOpt,
-    endpoint_url: Optional[str] = EndpointOpt,
-    part_size_mb: int = PartOpt,
-    region: Optional[str] = RegionOpt,
-    profile: Optional[str] = ProfileOpt,
+    jobs: JobsOpt = JOBS,
+    endpoint_url: EndpointOpt = None,
+    part_size_mb: PartOpt = PART_SIZE_MB,
+    region: RegionOpt = None,
+    profile: ProfileOpt = None,
 ) -> None:
     """Download the copy at SRC into DST; every file is hash-checked before it is moved into place."""
     from clustertrain.storage import restore_directory

@@ -55,7 +55,7 @@ from clustertrain.project import Project
 from clustertrain.core.run_paths import write_atomic
 from clustertrain.core.schema import StoredModel
 from clustertrain.core.states import State
-from clustertrain.validate.checks import Verdict
+from clustertrain.validate.check_rows import Verdict
 from clustertrain.validate.scan import CheckResult, ScanReport
 from clustertrain.validate.suitedir import JobOutcome, SuitePaths, load_result, read_text
 

@@ -191,7 +191,7 @@ def capacity_findings(project: "Project", plan: "Plan", models: list[str] | None
     if project.plan.cluster_nodes is not None and project.plan.cluster_nodes > q.max_count:
         out.append(Finding("error", "plan.cluster_nodes", f"{project.plan.cluster_nodes} nodes, but aws.queues[{i}] "
                            f"({q.name}) launches at most {q.max_count}", f"lower plan.cluster_nodes or raise aws.queues[{i}].max_count"))
-    from clustertrain.plan.nodes import nodes_for
+    from clustertrain.plan.node_counts import nodes_for
 
     for index, entry in enumerate(project.models):
         if models is not None and entry.name not in models:

@@ -167,7 +167,7 @@ def build_request(project: Project, entry: ModelEntry, run_dir: Path, *, launch:
                   submit_command: str | None = None, exclude: tuple[str, ...] = (),
                   data: tuple[tuple[float, Path], ...] | None = None) -> SbatchRequest:
     """The batch request for one model. ``python`` defaults to :func:`interpreter`; ``nodes`` to the model's
-    node count (:func:`clustertrain.plan.nodes.nodes_for`: its pinned count, the plan's allocation, or
+    node count (:func:`clustertrain.plan.node_counts.nodes_for`: its pinned count, the plan's allocation, or
     ``cluster.nodes``); ``exclude``: nodes the job must not use (the project's suspects); ``data``: the staged
     (weight, prefix) sources a Megatron model reads (default: where staging will put them,
     :func:`clustertrain.data.staging.expected_prefix`)."""
@@ -176,7 +176,7 @@ def build_request(project: Project, entry: ModelEntry, run_dir: Path, *, launch:
     run_dir = Path(run_dir).absolute()
     log_dir = default_log_dir(project, entry).absolute()
     if nodes is None:
-        from clustertrain.plan.nodes import nodes_for
+        from clustertrain.plan.node_counts import nodes_for
 
         nodes = nodes_for(project)[entry.name]
     image = project.container_image

@@ -234,7 +234,7 @@ class Submitted:
 def submit_project(project: Project, model: str | None, run_dir: Path | None, resume: bool,
                    launcher: SlurmLauncher, dry_run: bool = False) -> list[Submitted]:
     """Submit one job per model (``model``: just that one), each on its node count
-    (:func:`clustertrain.plan.nodes.nodes_for`). Refused, before anything is written, when the plan finds a
+    (:func:`clustertrain.plan.node_counts.nodes_for`). Refused, before anything is written, when the plan finds a
     chosen model infeasible for its framework or a launch check fails (one line per problem, naming the field).
     Every run is prepared (and so checked) before the first sbatch; the jobs are queued back to back and run
     concurrently when the cluster has room. ``dry_run`` renders the scripts without touching a run directory or
@@ -276,7 +276,7 @@ def check_submittable(project: Project, models: list[str], launch: LaunchConfig 
     :func:`clustertrain.launch.preflight.launch_findings`."""
     from clustertrain.launch.preflight import launch_findings
     from clustertrain.megatron.rules import megatron_findings
-    from clustertrain.plan.nodes import nodes_for
+    from clustertrain.plan.node_counts import nodes_for
     from clustertrain.plan.plan import make_plan
     from clustertrain.plan.preflight import submit_blockers
 

@@ -32,11 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from clustertrain.megatron.config import BYTE_VOCAB_WITHOUT_EOD
+
 if TYPE_CHECKING:
     from clustertrain.project import ModelEntry, Project
 
-#: Megatron's null tokenizer with this --vocab-size has its end-of-document id where the byte tokenizer has it
-BYTE_VOCAB_WITHOUT_EOD = 256
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,9 @@ MEGATRON_PATH = "/opt/megatron-lm"
 
 FRAMEWORKS = ("clustertrain", "megatron")
 
+#: Megatron's null tokenizer with this --vocab-size has its end-of-document id where the byte tokenizer has it
+BYTE_VOCAB_WITHOUT_EOD = 256
+
 
 class MegatronConfig(StrictModel):
     path: str = Field(

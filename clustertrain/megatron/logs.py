@@ -215,7 +215,7 @@ def megatron_row(line: IterationLine, ctx: RowContext, now: float | None = None)
 def row_context(project: "Project", entry: "ModelEntry") -> RowContext:
     """The model's sequence length, FLOPs per token and the peak FLOP/s of its job's GPUs (module docstring)."""
     from clustertrain.plan.catalog import read_catalog
-    from clustertrain.plan.nodes import nodes_for
+    from clustertrain.plan.node_counts import nodes_for
     from clustertrain.core.model_shape import ModelShape
 
     arch = entry.model

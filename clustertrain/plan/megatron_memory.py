@@ -86,7 +86,7 @@ def megatron_vocab(arch, tokenizer: str, tp: int) -> int:
     if arch.vocab is not None:
         return arch.vocab
     if tokenizer == "byte":
-        from clustertrain.megatron.args import BYTE_VOCAB_WITHOUT_EOD
+        from clustertrain.megatron.config import BYTE_VOCAB_WITHOUT_EOD
 
         size = BYTE_VOCAB_WITHOUT_EOD + 1
     else:

@@ -1,4 +1,4 @@
-"""The rehearsal's verdict: ten checks over what it observed (:class:`~.model.Observed`), as pure functions.
+"""The rehearsal's verdict: ten checks over what it observed (:class:`~.observed.Observed`), as pure functions.
 
 :func:`run_checks` returns them in the order of :data:`TITLES` (what each asserts). Each detail line is one
 problem and names the model, node, rank, path or script; identical problems are grouped (nodes as a Slurm hostlist,
@@ -15,7 +15,7 @@ from collections import defaultdict
 from itertools import groupby
 from posixpath import normpath
 
-from clustertrain.rehearsal.model import Check, JobView, Observed
+from clustertrain.rehearsal.observed import Check, JobView, Observed
 
 MAX_DETAILS = 20
 TITLES = {

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from clustertrain.rehearsal.model import JobView
+from clustertrain.rehearsal.observed import JobView
 from clustertrain.launch.sbatch import SbatchRequest, build_request, render_script
 
 if TYPE_CHECKING:

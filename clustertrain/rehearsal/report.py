@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from clustertrain.rehearsal.checks import hostlist, plural
-from clustertrain.rehearsal.model import Check, RehearsalReport
+from clustertrain.rehearsal.observed import Check, RehearsalReport
 
 WIDTH = 120
 

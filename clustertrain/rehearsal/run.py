@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Callable
 
 from clustertrain.core.errors import LaunchError
 from clustertrain.rehearsal.cluster import HEAD, HeadBootFailed, RehearsalCluster
-from clustertrain.rehearsal.model import JobView, Observed, RehearsalReport
+from clustertrain.rehearsal.observed import JobView, Observed, RehearsalReport
 from clustertrain.rehearsal.shape import MAX_NODES, Shape, cluster_shape
 
 if TYPE_CHECKING:
@@ -119,7 +119,7 @@ def preflight(project: "Project", shape: Shape, nodes: dict[str, int], directory
 
 def plan_nodes(project: "Project") -> dict[str, int]:
     """Each model's node count; a plan that cannot place a model is refused (oversubscription is rehearsed)."""
-    from clustertrain.plan.nodes import nodes_for
+    from clustertrain.plan.node_counts import nodes_for
     from clustertrain.plan.plan import make_plan
     from clustertrain.plan.preflight import submit_blockers
 

@@ -28,7 +28,7 @@ from clustertrain.core.storage_layout import off_mount_problems, storage_layout
 from clustertrain.project import Project
 from clustertrain.core.run_paths import write_atomic
 from clustertrain.core.states import State
-from clustertrain.validate.checks import CheckRow, Verdict, worst  # noqa: F401  (re-exported)
+from clustertrain.validate.check_rows import CheckRow, Verdict, worst  # noqa: F401  (re-exported)
 from clustertrain.validate.results import ValidateError
 from clustertrain.validate.suite_checks import CHECKS
 from clustertrain.validate.suite_checks.collectives import (  # noqa: F401  (re-exported)

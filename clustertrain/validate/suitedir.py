@@ -13,7 +13,7 @@ in a directory named for its start time, ``<YYYYmmdd-HHMMSS>/`` (``-1``, ``-2``.
 
 ``report.json`` (``format_version`` 1): the project, nodes, instance type, the thresholds.yaml entry used,
 the directory, the start time, one :class:`JobOutcome` per job (state as :class:`~clustertrain.core.states.State`,
-Slurm's own spelling kept in ``slurm_state``) and one :class:`~clustertrain.validate.checks.CheckRow` per
+Slurm's own spelling kept in ``slurm_state``) and one :class:`~clustertrain.validate.check_rows.CheckRow` per
 check; ``failed`` is true when any row failed. Read back leniently (:class:`~clustertrain.core.schema.StoredModel`).
 """
 
@@ -28,7 +28,7 @@ from pydantic import BeforeValidator, Field
 from clustertrain.core.run_paths import write_atomic
 from clustertrain.core.schema import StoredModel
 from clustertrain.core.states import State
-from clustertrain.validate.checks import CheckRow
+from clustertrain.validate.check_rows import CheckRow
 
 FORMAT_VERSION = 1
 

@@ -30,7 +30,7 @@ from clustertrain.project import Project
 from clustertrain.core.ranks import batch_lines
 from clustertrain.core.schema import StrictModel
 from clustertrain.core.states import State
-from clustertrain.validate.checks import CheckRow
+from clustertrain.validate.check_rows import CheckRow
 from clustertrain.validate.collectives_config import CollectivesConfig
 from clustertrain.validate.storagebench import StorageBenchConfig
 from clustertrain.validate.suitedir import JobOutcome, SuitePaths, read_text

@@ -23,7 +23,7 @@ from pathlib import Path
 from pydantic import Field
 
 from clustertrain.core.schema import StrictModel, load_yaml_model
-from clustertrain.validate.checks import CheckRow
+from clustertrain.validate.check_rows import CheckRow
 from clustertrain.validate.results import CollectiveRun, ValidateError, format_size, parse_size
 
 DEFAULT_THRESHOLDS = Path(__file__).with_name("thresholds.yaml")

@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from clustertrain.validate.checks import CheckRow
+from clustertrain.validate.check_rows import CheckRow
 from clustertrain.validate.probes import version_at_least
 from clustertrain.validate.requirements import RequirementsConfig, load_requirements, minimums_for
 

@@ -65,13 +65,14 @@ def _is_type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _imports(tree: ast.AST, module: str, is_package: bool) -> set[str]:
-    """Every module name ``module`` imports (see the module docstring), internal or not."""
+def _imports(tree: ast.AST, module: str, is_package: bool, type_only: bool = False) -> set[str]:
+    """Every module name ``module`` imports (see the module docstring), internal or not; with ``type_only`` the
+    imports under ``if TYPE_CHECKING:`` count too."""
     package = module if is_package else module.rpartition(".")[0]
     out: set[str] = set()
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
+        if isinstance(node, ast.If) and _is_type_checking(node.test) and not type_only:
             for child in node.orelse:
                 visit(child)
             return
@@ -96,13 +97,13 @@ def _imports(tree: ast.AST, module: str, is_package: bool) -> set[str]:
     return out
 
 
-def _graph() -> dict[str, set[str]]:
+def _graph(type_only: bool = False) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for name, path in MODULES.items():
         is_package = path.name == "__init__.py"
         own = name if is_package else name.rpartition(".")[0]
         edges: set[str] = set()
-        for target in _imports(ast.parse(path.read_text(), str(path)), name, is_package):
+        for target in _imports(ast.parse(path.read_text(), str(path)), name, is_package, type_only):
             if target not in MODULES:
                 continue
             edges.add(target)
@@ -174,7 +175,7 @@ def test_the_graph_sees_the_shapes_it_must():
     """The parser itself: function-level and relative imports count, TYPE_CHECKING ones do not."""
     code = (
         "from typing import TYPE_CHECKING\n"
-        "from . import rundir\n"
+        "from .core import run_paths\n"
         "from .launch import slurmcli\n"
         "if TYPE_CHECKING:\n    from clustertrain.project import Project\n"
         "def f():\n    import clustertrain.plan.plan\n    from clustertrain.core.states import State\n"
@@ -241,3 +242,171 @@ def test_plan_command_does_not_import_torch():
     assert not loaded["torch"], "`clustertrain plan examples/quickstart.yaml` imported torch"
     heavy = sorted(m for m, present in loaded.items() if present)
     assert not heavy, f"`clustertrain plan examples/quickstart.yaml` imported {heavy}, which planning never uses"
+
+
+def test_no_import_cycles_even_counting_type_only_imports():
+    """A type-only import is still a tie: ``project.py`` naming a stage's type while the stage names ``Project``
+    is a loop a reader must hold in mind, and one runtime import away from a real cycle."""
+    graph = _graph(type_only=True)
+    cycles = _cycles(graph)
+    assert not cycles, "import cycles counting TYPE_CHECKING imports (move the shared type down to core/ or a section):\n" + \
+        "\n".join(f"  {_path_in(graph, c)}   [{', '.join(c)}]" for c in cycles)
+
+
+# ---------------------------------------------------------------------------------------------
+# The direction table: which room may import which
+
+#: The floors of clustertrain/, lowest first. A module may import its own room and every room on a lower floor;
+#: rooms on one floor do not import each other. A room is a top-level package or module, except that each stage's
+#: project-file section (``<stage>/config.py``) is the "sections" room: the project composes them, and any stage
+#: may read another's section. Importing ``<stage>/config.py`` runs ``<stage>/__init__``, which imports nothing but
+#: core (a lazy table or a docstring): such an edge to a package ``__init__`` is not an arrow.
+FLOORS: tuple[tuple[str, ...], ...] = (
+    ("core",),       # formats and vocabulary several stages read: torch-free, imports nothing above
+    ("sections",),   # each stage's project-file section, and the AWS limits the aws: section validates against
+    ("project",),    # the project file: composes the sections, describes only
+    ("storage",),    # object stores, manifests, sync
+    ("data",),       # tokenizers, MMIDIDX, preprocessing, staging (stages data through storage)
+    ("plan",),       # capacity, memory, time, cost: reads the data's tokenizer for the vocabulary
+    ("cloud",),      # ParallelCluster config, CloudFormation (sizes queues from the plan's catalog)
+    ("image",),      # the container recipe, build, import
+    ("megatron",),   # the Megatron-LM adapter (reads the image's pins, the plan's catalog)
+    ("monitor",),    # what watches a run and reads it back (status reads Megatron's logs)
+    ("train",),      # the per-rank trainer (starts the node sampler, reads data)
+    ("launch",),     # backends that start the trainer (or Megatron) under the run's records
+    ("validate",),   # the validation suite: jobs through the launch backends
+    ("resolve", "check", "docs"),  # above every stage: the resolver, the whole-project check, the reference docs
+    ("rehearsal",),  # the 80-node rehearsal: check, cluster config, submit on an emulated cluster
+    ("cli",),
+    ("__main__",),
+)
+
+#: Modules whose room is not their package's (see FLOORS).
+ROOM_OF = {"clustertrain": "core", "clustertrain.cloud.limits": "sections"}
+
+#: The arrows that run up, each with its reason: (importing module, room it imports) -> why.
+UPWARD: dict[tuple[str, str], str] = {
+    ("clustertrain.cloud.lifecycle", "check"):
+        "cluster create/update refuse a project that `clustertrain check` finds errors in (require_clean): the one "
+        "stage action gated on the whole-project check, so a library caller cannot skip it",
+    ("clustertrain.image.check", "launch"):
+        "`image check` is a client of the validation suite: it submits the suite's smoke jobs inside the image",
+    ("clustertrain.image.check", "validate"):
+        "`image check` is a client of the validation suite: it runs the suite's scan and smoke checks in the image",
+}
+
+
+def _room(module: str) -> str:
+    if module in ROOM_OF:
+        return ROOM_OF[module]
+    parts = module.split(".")
+    if len(parts) == 3 and parts[2] == "config" and parts[1] != "cli":
+        return "sections"
+    return parts[1]
+
+
+def _floor_of() -> dict[str, int]:
+    return {room: i for i, rooms in enumerate(FLOORS) for room in rooms}
+
+
+def _arrows(graph: dict[str, set[str]]) -> list[tuple[str, str, str, str]]:
+    """(module, target, room, target room) for every import between rooms; edges to an ``__init__`` that imports
+    nothing are left out (see FLOORS)."""
+    silent = {m for m, targets in graph.items() if MODULES[m].name == "__init__.py" and all(_room(t) == "core" for t in targets)}
+    return sorted((m, t, _room(m), _room(t)) for m, targets in graph.items() for t in targets
+                  if t not in silent and _room(m) != _room(t))
+
+
+def test_every_room_is_on_a_floor():
+    floor = _floor_of()
+    rooms = {_room(m) for m in MODULES}
+    assert rooms <= set(floor), f"rooms without a floor in FLOORS (add each where it belongs): {sorted(rooms - set(floor))}"
+    assert not set(floor) - rooms, f"FLOORS names rooms that do not exist: {sorted(set(floor) - rooms)}"
+
+
+def test_imports_follow_the_direction_table():
+    """Every import between rooms runs down the floors, or is one of the justified UPWARD arrows; and every UPWARD
+    arrow still exists (a stale excuse hides the next real one)."""
+    floor = _floor_of()
+    arrows = _arrows(_graph())
+    up = [(m, t, a, b) for m, t, a, b in arrows if floor[b] >= floor[a]]
+    unexcused = sorted(f"{m} -> {t}   ({a} -> {b})" for m, t, a, b in up if (m, b) not in UPWARD)
+    assert not unexcused, ("imports against the direction table (tests/unit/test_import_graph.py FLOORS): move the "
+                           "shared piece down (core/ for a format), or justify the arrow in UPWARD:\n  " + "\n  ".join(unexcused))
+    used = {(m, b) for m, _, _, b in up}
+    stale = sorted(f"{m} -> {room}" for m, room in UPWARD if (m, room) not in used)
+    assert not stale, f"UPWARD arrows that no longer exist (remove them): {stale}"
+    assert len(UPWARD) <= 5, "more than a handful of upward arrows: the floors no longer describe the house"
+
+
+def test_the_direction_table_fails_on_a_new_upward_arrow():
+    """The check itself: a plan module importing the launcher, or core importing a stage, is caught."""
+    graph = {m: set(t) for m, t in _graph().items()}
+    graph["clustertrain.plan.plan"].add("clustertrain.launch.sbatch")
+    graph["clustertrain.core.run_paths"].add("clustertrain.train.checkpoint")
+    floor = _floor_of()
+    up = {(m, t) for m, t, a, b in _arrows(graph) if floor[b] >= floor[a] and (m, b) not in UPWARD}
+    assert up == {("clustertrain.plan.plan", "clustertrain.launch.sbatch"),
+                  ("clustertrain.core.run_paths", "clustertrain.train.checkpoint")}
+
+
+def test_core_imports_no_heavy_library():
+    """core/ is what every stage reads, the launcher and the CLI included: importing all of it loads no torch,
+    numpy or boto3."""
+    names = sorted(m for m in MODULES if m.startswith("clustertrain.core."))
+    loaded = _heavy_after("\n".join(f"import {m}" for m in names))
+    heavy = sorted(m for m, present in loaded.items() if present)
+    assert not heavy, f"importing clustertrain.core pulled in {heavy}"
+
+
+def test_project_imports_no_stage_module_but_sections():
+    """project.py only describes: it composes the sections and reads core; cross-stage rules are the resolver's."""
+    graph = _graph(type_only=True)
+    runtime = _graph()
+    lazy = {m for m in MODULES if MODULES[m].name == "__init__.py" and all(_room(t) == "core" for t in runtime[m])}
+    bad = sorted(t for t in graph["clustertrain.project"] if _room(t) not in ("core", "sections") and t not in lazy)
+    assert not bad, f"clustertrain/project.py imports stage modules (move the rule to clustertrain/resolve.py): {bad}"
+
+
+def test_no_stage_imports_the_resolver():
+    graph = _graph(type_only=True)
+    floor = _floor_of()
+    bad = sorted(m for m, targets in graph.items() if "clustertrain.resolve" in targets and floor[_room(m)] < floor["resolve"])
+    assert not bad, f"stages must receive a resolved project from their caller, not import clustertrain.resolve: {bad}"
+
+
+# ---------------------------------------------------------------------------------------------
+# One name per concept
+
+#: Stems that more than one module carries on purpose, because the modules name one concept: stem -> why.
+SHARED_STEMS = {
+    "__init__": "every package has one",
+    "config": "each stage's project-file section is its <stage>/config.py (cli/config.py is the `config` command group)",
+    "preflight": "each stage's findings for `clustertrain check`, one per stage",
+    "catalog": "plan/catalog.py is the one instance catalog; cloud/catalog.py is the cloud stage's view of it, no copy",
+    "collectives": "validate/collectives.py runs the collective benchmarks; suite_checks/collectives.py is the suite's "
+                   "job of that same check",
+    "storage": "suite_checks/storage.py is the suite's job of validate storage; cli/storage.py the storage commands",
+    "jobs": "cli/jobs.py (submit/status/logs/cancel) and rehearsal/jobs.py (the rehearsal's jobs) are both about Slurm "
+            "jobs of a project",
+    "validate": "cli/validate.py is the command group of the validate stage; cloud/validate.py validates a "
+                "ParallelCluster file (`cluster validate`)",
+    "check": "check.py is the whole-project check; cli/check.py its command; image/check.py the image's check",
+    "plan": "plan/plan.py is the plan; cli/plan.py its command",
+    "run": "launch/run.py runs a project locally; cli/run.py is its command; rehearsal/run.py runs the rehearsal",
+    "report": "monitor/report.py is the run report; cli/report.py its command; rehearsal/report.py the rehearsal's",
+    "rules": "cloud/rules.py and megatron/rules.py: each the rules of the thing it names (a ParallelCluster file, Megatron)",
+    "cluster": "cli/cluster.py is the `cluster` command group; rehearsal/cluster.py the emulated cluster",
+}
+
+
+def test_no_two_modules_share_a_stem_that_names_different_concepts():
+    by_stem: dict[str, list[str]] = {}
+    for name, path in MODULES.items():
+        by_stem.setdefault(path.stem, []).append(name)
+    shared = {stem: sorted(names) for stem, names in by_stem.items() if len(names) > 1}
+    unexplained = {stem: names for stem, names in shared.items() if stem not in SHARED_STEMS}
+    assert not unexplained, ("module names shared by different modules (rename one so the name says which, or "
+                             "justify the stem in SHARED_STEMS): " + "; ".join(f"{s}: {', '.join(n)}" for s, n in sorted(unexplained.items())))
+    stale = sorted(set(SHARED_STEMS) - set(shared))
+    assert not stale, f"SHARED_STEMS that no two modules share any more (remove them): {stale}"

@@ -20,7 +20,7 @@ import re
 
 from clustertrain.launch.presets import RankEnvironment, rank_environment
 from clustertrain.project import Project
-from clustertrain.validate.checks import CheckRow
+from clustertrain.validate.check_rows import CheckRow
 from clustertrain.validate.collectives_config import CollectivesConfig
 from clustertrain.validate.results import CollectiveRun
 from clustertrain.validate.suitedir import JobOutcome, load_result, read_text

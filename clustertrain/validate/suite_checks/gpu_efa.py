@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from clustertrain.project import Project
-from clustertrain.validate.checks import CheckRow
+from clustertrain.validate.check_rows import CheckRow
 from clustertrain.validate.probes import parse_fi_info, parse_nvidia_smi_csv
 from clustertrain.validate.requirements import family_entry, load_requirements
 from clustertrain.validate.suitedir import JobOutcome, read_text

@@ -10,7 +10,7 @@ worst over the nodes. Checks that do not apply to the project are not-applicable
 from __future__ import annotations
 
 from clustertrain.project import Project
-from clustertrain.validate.checks import CheckRow, worst
+from clustertrain.validate.check_rows import CheckRow, worst
 from clustertrain.validate.scan import ScanReport
 from clustertrain.validate.suitedir import JobOutcome, load_result, read_text
 from clustertrain.validate.suitejob import SuiteContext, SuiteJob, new_job, srun_step, why_missing

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from clustertrain.core.storage_layout import mount_of, storage_layout
 from clustertrain.project import Project
-from clustertrain.validate.checks import CheckRow
+from clustertrain.validate.check_rows import CheckRow
 from clustertrain.validate.results import StorageRun
 from clustertrain.validate.suitedir import JobOutcome, load_result
 from clustertrain.validate.suitejob import SuiteContext, SuiteJob, new_job, srun_step, why_missing

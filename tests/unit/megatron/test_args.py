@@ -16,7 +16,7 @@ import pytest
 
 from clustertrain.megatron.args import FLAGS, MegatronContext, megatron_args, rendered_options
 from clustertrain.megatron.flags import FLAGS_FILE, known_options
-from clustertrain.plan.nodes import nodes_for
+from clustertrain.plan.node_counts import nodes_for
 from clustertrain.project import validate_project
 from clustertrain.resolve import load_project
 from tests.support.golden import check_golden

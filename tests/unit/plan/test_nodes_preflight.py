@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from clustertrain.plan.nodes import nodes_for
+from clustertrain.plan.node_counts import nodes_for
 from clustertrain.plan.plan import make_plan
 from clustertrain.plan.preflight import plan_findings, reason_field, submit_blockers
 from clustertrain.project import validate_project
@@ -110,7 +110,7 @@ def test_submit_blockers_are_the_errors_of_the_chosen_models():
 
 def test_planning_imports_no_torch_and_is_fast():
     code = ("import sys, time; t = time.perf_counter(); from clustertrain.resolve import load_project; "
-            "from clustertrain.plan.nodes import nodes_for; from clustertrain.plan.preflight import plan_findings; "
+            "from clustertrain.plan.node_counts import nodes_for; from clustertrain.plan.preflight import plan_findings; "
             f"p = load_project({str(P5E)!r}); nodes_for(p); plan_findings(p); "
             "assert 'torch' not in sys.modules, 'planning imported torch'; print(time.perf_counter() - t)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

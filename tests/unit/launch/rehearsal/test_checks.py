@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from clustertrain.rehearsal.checks import MAX_DETAILS, TITLES, hostlist, ranges, run_checks
-from clustertrain.rehearsal.model import JobView, Observed
+from clustertrain.rehearsal.observed import JobView, Observed
 
 ORDER = ["booted", "concurrent", "world", "rendezvous", "one_gpu", "gpus_unshared", "dirs", "paths", "preset",
          "secrets"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from clustertrain.rehearsal.model import Check, RehearsalReport
+from clustertrain.rehearsal.observed import Check, RehearsalReport
 from clustertrain.rehearsal.report import WIDTH, render_table, status, summary_line
 
 NAMES = ["booted", "concurrent", "world", "rendezvous", "one_gpu", "gpus_unshared", "dirs", "paths", "preset",

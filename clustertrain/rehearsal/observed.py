@@ -11,7 +11,7 @@ class JobView:
     """One model's job: what the plan and the batch script asked for, what Slurm did, what its ranks recorded."""
 
     model: str
-    planned_nodes: int                 # the plan's allocation (clustertrain.plan.nodes.nodes_for)
+    planned_nodes: int                 # the plan's allocation (clustertrain.plan.node_counts.nodes_for)
     gpus_per_node: int                 # cluster.gpus_per_node (what --gpus-per-node asks for)
     ranks_per_node: int                # cluster.ranks_per_node (--ntasks-per-node)
     partition: str | None              # cluster.partition

@@ -17,6 +17,6 @@ This package is the adapter, and the only place that knows Megatron-LM:
 Why a package of its own: the adapter is read by the planner, the launcher, the checks and the monitor;
 kept in one of them, the others would import that stage's internals (the architecture's rule is that
 stages exchange typed objects). Its config imports only :mod:`clustertrain.core.schema`; the other modules import
-leaf modules (errors, findings, rundir, train.config/layout) and, inside functions, the stage code they reuse
+core modules (errors, findings, run paths, the parallel layout) and sections (train.config) and, inside functions, the stage code they reuse
 (staging, the catalog, job records); no stage module imports them at import time, and nothing here imports the CLI.
 """

@@ -143,7 +143,7 @@ def _node_processes(job: str, node: str) -> list[int]:
 def test_a_lost_node_fails_the_job_within_60s_and_the_run_resumes_without_it(cluster, tmp_path):
     """Last in the module: the killed node stays down for the rest of this cluster's life. A 1 s heartbeat (as the
     SIGKILL drill's) keeps the watchdog's waits short: a rank is lost after 3 x 1 + 5 s of silence, and the waits for
-    stacks and exits after it are 2 x 1 + 10 s at most (clustertrain/monitor/hang_rules.py, watchdog.py)."""
+    stacks and exits after it are 2 x 1 + 10 s at most (clustertrain/monitor/hang_rules.py, hang_watchdog.py)."""
     run, job = submit(cluster, tmp_path, "lost", monitor="monitor: {heartbeat_s: 1}")
     wait_for(lambda: any(r["step"] >= 9 for r in metrics(run)), 90)
     node = rank_node(run, 1)

@@ -1,4 +1,4 @@
-"""The watchdog's rules (monitor/hang.py) over heartbeats, and Slurm's own attribution lines (monitor/watchdog.py)."""
+"""The watchdog's rules (monitor/hang_rules.py) over heartbeats, and Slurm's own attribution lines (monitor/hang_watchdog.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""`clustertrain status` rows from synthesized run directories in the documented formats (records.py, runstate.py,
-train/checkpoint.py, launch/jobs.py): states, figures, cost from the plan's price, alarms, damaged files, the CLI's
+"""`clustertrain status` rows from synthesized run directories in the documented formats (core/run_events.py, core/run_records.py,
+core/checkpoint_format.py, core/job_records.py): states, figures, cost from the plan's price, alarms, damaged files, the CLI's
 exit codes. Slurm jobs are handed in as JobStatus values, as the launch stage builds them."""
 
 from __future__ import annotations

@@ -5,12 +5,12 @@ naming the section, the field and the fix."""
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
 import typer
 
+from clustertrain.cli.common import plain_table
 from clustertrain.core.errors import ConfigError
 from clustertrain.resolve import load_project
 
@@ -36,24 +36,10 @@ def check_command(
             for section, f in report.findings]
     if rows:  # one line per finding (a table that greps and pastes well), errors first
         rows.sort(key=lambda r: r[0] != "error")
-        typer.echo(_table(rows))
+        typer.echo(plain_table(("level", "check", "field", "problem; fix"), rows))
     for note in report.notes:
         typer.echo(f"note: {note}")
     typer.echo(f"{project_file}: {len(report.errors)} error(s), {len(report.warnings)} warning(s) "
              f"(checked: {', '.join(report.sections)})")
     raise typer.Exit(0 if report.ok else 2)
 
-
-def _table(rows: list[tuple[str, str, str, str]]) -> str:
-    """The findings as a borderless rich table: columns two blanks apart, no wrapping (the console is wider than
-    any line, so a long problem stays on its row's one line), no colour or markup, trailing blanks cut."""
-    from rich.console import Console
-    from rich.table import Table
-
-    buf = io.StringIO()
-    console = Console(file=buf, width=1 << 20, highlight=False, color_system=None, markup=False, emoji=False)
-    table = Table("level", "check", "field", "problem; fix", box=None, pad_edge=False)
-    for row in rows:
-        table.add_row(*row)
-    console.print(table)
-    return "\n".join(line.rstrip() for line in buf.getvalue().splitlines())

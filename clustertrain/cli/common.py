@@ -57,3 +57,21 @@ def command_group(help: str, **settings: Any) -> typer.Typer:
     options: dict[str, Any] = {"no_args_is_help": True, "add_completion": False, "pretty_exceptions_enable": False,
                                "rich_markup_mode": None}  # usage errors as click's plain lines, not a box
     return typer.Typer(cls=CommandGroup, help=help, **{**options, **settings})
+
+
+def plain_table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A borderless rich table as text, one line per row: columns two blanks apart, no wrapping (the console is wider
+    than any line, so a long last cell stays on its row's one line and the output greps and pastes well), no colour,
+    markup or emoji (``[cfn-lint]`` and ``node[1-3]`` print as written), trailing blanks cut."""
+    import io
+
+    from rich.console import Console
+    from rich.table import Table
+
+    buf = io.StringIO()
+    console = Console(file=buf, width=1 << 20, highlight=False, color_system=None, markup=False, emoji=False)
+    table = Table(*head, box=None, pad_edge=False)
+    for row in rows:
+        table.add_row(*(str(c) for c in row))
+    console.print(table)
+    return "\n".join(line.rstrip() for line in buf.getvalue().splitlines())

@@ -13,7 +13,6 @@ run it on the head node.
 
 from __future__ import annotations
 
-import io
 import json
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
-from clustertrain.cli.common import command_group
+from clustertrain.cli.common import command_group, plain_table
 from clustertrain.cli.jobs import SET_HELP
 from clustertrain.core.errors import ConfigError, RunDirError
 from clustertrain.resolve import load_project
@@ -167,24 +166,16 @@ def _row(entry: "Suspect", now: float, state: str) -> dict[str, Any]:
 
 
 def render_rows(rows: list[dict[str, Any]], history: bool) -> str:
-    """A plain rich table, one line per entry, reason last (it may be long: the console is wider than any line, so it
-    is neither wrapped nor cut); ``history`` adds the state column. No borders, colour or markup; trailing blanks cut."""
-    from rich.console import Console
-    from rich.table import Table
-
+    """A plain rich table, one line per entry, reason last (it may be long: the console is wider than any line, so
+    it is neither wrapped nor cut); ``history`` adds the state column. No borders, colour or markup; no trailing
+    blanks."""
     from clustertrain.monitor.status import human_duration
 
     head = [*COLUMNS[:-1], *(("state",) if history else ()), COLUMNS[-1]]
     cells = [[r["node"], r["source"], r["job"] or "-", r["model"] or "-", _when(r["added"]),
               human_duration(r["expires_in_s"]) if r["expires_in_s"] else "expired",
               *((r["state"],) if history else ()), r["reason"] or "-"] for r in rows]
-    buf = io.StringIO()
-    console = Console(file=buf, width=1 << 20, highlight=False, color_system=None, markup=False, emoji=False)
-    table = Table(*head, box=None, pad_edge=False)
-    for line in cells:
-        table.add_row(*(str(c) for c in line))
-    console.print(table)
-    return "\n".join(line.rstrip() for line in buf.getvalue().splitlines())
+    return plain_table(head, cells)
 
 
 def _when(stamp: float) -> str:

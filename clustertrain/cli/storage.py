@@ -27,10 +27,12 @@ def _options(endpoint_url: Optional[str], region: Optional[str], profile: Option
 
 
 # The options the commands share, each declared once (defaults stay in the signatures, as Annotated requires).
-EndpointOpt = Annotated[Optional[str], typer.Option("--endpoint-url", help="S3-compatible endpoint (default: AWS_ENDPOINT_URL or AWS).")]
+EndpointOpt = Annotated[Optional[str], typer.Option("--endpoint-url",
+                                                    help="S3-compatible endpoint (default: AWS_ENDPOINT_URL or AWS).")]
 RegionOpt = Annotated[Optional[str], typer.Option("--region", help="AWS region (default: boto3's chain).")]
 ProfileOpt = Annotated[Optional[str], typer.Option("--profile", help="AWS profile (default: boto3's chain).")]
-PartOpt = Annotated[int, typer.Option("--part-size-mb", min=5, help="Multipart part size in MiB; bigger files go multipart.")]
+PartOpt = Annotated[int, typer.Option("--part-size-mb", min=5,
+                                      help="Multipart part size in MiB; bigger files go multipart.")]
 JobsOpt = Annotated[int, typer.Option("--jobs", "-j", min=1, help="Files moved at the same time.")]
 PART_SIZE_MB = 8  # --part-size-mb's default
 JOBS = 8  # --jobs's default

@@ -3,9 +3,10 @@
 
     python -m tests.support.moto_cfn_server -H 127.0.0.1 -p PORT      # tests: tests.support.moto_cfn.cfn_server()
 
-:func:`apply_fixes` monkeypatches moto (written against moto 5.2.5; file:line below are of that release), then
+:func:`apply_fixes` monkeypatches moto (written against :data:`MOTO_VERSION`; file:line below are of that release), then
 ``moto.server.main()`` serves as usual. Each fix is one ``fix_*`` function whose docstring names the moto code it
-corrects and what CloudFormation does; a moto release that renames that code makes this server fail at start.
+corrects and what CloudFormation does; under another moto release the server stops at start, in one line that names
+the release needed and the pip command.
 
 1. :func:`fix_execute_change_set` -- Outputs after ExecuteChangeSet (CREATE and UPDATE).
 2. :func:`fix_delete` -- DeleteStack deletes every non-``Retain`` resource, in reverse dependency order.
@@ -23,18 +24,39 @@ corrects and what CloudFormation does; a moto release that renames that code mak
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from moto.cloudformation import models as M
-from moto.cloudformation import parsing as P
-from moto.cloudformation.exceptions import CloudFormationError, ValidationError
+#: The moto release the fixes here, in moto_cfn_resources, moto_cfn_properties and moto_fsx are written against (their
+#: file:line references are of it); pyproject.toml's test extra pins the same (tests/unit/test_moto_pin.py).
+MOTO_VERSION = "5.2.5"
 
-from tests.support.moto_cfn_properties import UPDATES, create_only_changed, fix_bucket_properties, fix_security_group_update
-from tests.support.moto_cfn_resources import (
+
+def _require_moto() -> None:
+    """Stop in one line unless the installed moto is :data:`MOTO_VERSION`: checked before anything imports moto's
+    internals, which another release may have moved or changed."""
+    try:
+        installed: str | None = version("moto")
+    except PackageNotFoundError:
+        installed = None
+    if installed != MOTO_VERSION:
+        found = f"moto {installed} is installed" if installed else "moto is not installed"
+        raise SystemExit(f"tests.support.moto_cfn_server patches moto {MOTO_VERSION}'s internals, but {found}: "
+                         f"pip install 'moto[server]=={MOTO_VERSION}'")
+
+
+_require_moto()  # before the imports below, which reach into moto's internals
+
+from moto.cloudformation import models as M  # noqa: E402
+from moto.cloudformation import parsing as P  # noqa: E402
+from moto.cloudformation.exceptions import CloudFormationError, ValidationError  # noqa: E402
+
+from tests.support.moto_cfn_properties import UPDATES, create_only_changed, fix_bucket_properties, fix_security_group_update  # noqa: E402
+from tests.support.moto_cfn_resources import (  # noqa: E402
     DELETERS, creation_order, event, failed, failed_before, fix_missing_resources, fix_replacement, physical_id, reason, stack_of,
     update_unupdatable,
 )
-from tests.support.moto_fsx import fix_fsx
+from tests.support.moto_fsx import fix_fsx  # noqa: E402
 
 
 class ChangeSetNotFound(CloudFormationError):

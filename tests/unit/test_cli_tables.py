@@ -4,7 +4,7 @@ blanks."""
 
 from __future__ import annotations
 
-from clustertrain.cli.check import _table as check_table
+from clustertrain.cli.common import plain_table
 from clustertrain.cli.nodes import render_rows
 
 LONG = "needs 154.6 GiB per GPU [cfn-lint] :smile: " + "x" * 300
@@ -13,7 +13,7 @@ LONG = "needs 154.6 GiB per GPU [cfn-lint] :smile: " + "x" * 300
 def test_check_table_is_one_line_per_finding():
     rows = [("error", "plan", "models[0].parallelism", f"{LONG}; fix: use FSDP2"),
             ("warning", "cluster", "aws.region", "short; fix: none")]
-    assert check_table(rows).splitlines() == [
+    assert plain_table(("level", "check", "field", "problem; fix"), rows).splitlines() == [
         "level    check    field                  problem; fix",
         f"error    plan     models[0].parallelism  {LONG}; fix: use FSDP2",
         "warning  cluster  aws.region             short; fix: none",

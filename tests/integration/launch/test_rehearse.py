@@ -18,7 +18,7 @@ import yaml
 
 from clustertrain.core.errors import LaunchError
 from clustertrain.rehearsal.run import RehearseOptions, rehearse
-from clustertrain.project import validate_project
+from clustertrain.resolve import project_from_mapping
 from clustertrain.resolve import load_project
 
 pytestmark = pytest.mark.slow
@@ -42,7 +42,7 @@ def small_project(nodes: int = 5, pins: tuple[int, ...] = (2, 3), **storage: str
     raw["plan"]["cluster_nodes"] = nodes
     raw["cluster"]["nodes"] = min(nodes, raw["cluster"]["nodes"])
     raw["storage"].update(storage)
-    return validate_project(raw, source="small copy of p5e-80x7")
+    return project_from_mapping(raw, source="small copy of p5e-80x7")
 
 
 def surviving(rdir: Path) -> tuple[list[int], list[str]]:
@@ -181,7 +181,7 @@ def test_a_differently_shaped_project_two_queues_dynamic_nodes_ubuntu(tmp_path):
         {"name": "train", "instance_type": "p4d.24xlarge", "max_count": 4, "capacity_type": "ONDEMAND"},
         {"name": "cpu", "instance_type": "c6i.4xlarge", "max_count": 2, "capacity_type": "ONDEMAND"}])
     rdir = tmp_path / "r"
-    report = rehearse(validate_project(raw, source="two queues"), RehearseOptions(dir=rdir, keep=False))
+    report = rehearse(project_from_mapping(raw, source="two queues"), RehearseOptions(dir=rdir, keep=False))
     assert report.ok, {c.name: c.details for c in report.failed}
     assert (report.nodes, report.gpus) == (6, 32)
     assert [(j["model"], len(j["nodes"]), j["state"]) for j in report.jobs] == [("m1", 2, "RUNNING"), ("m2", 2, "RUNNING")]

@@ -3,6 +3,10 @@
 #   system packages (Debian): slurm-wlm + munge (real local Slurm), fio (storage bench), shellcheck (node scripts),
 #   squashfs-tools (the training image's .sqsh checks), chromium (headless: the HTML run report's screenshot test)
 #   Python: .venv with torch==2.13.0 (CPU wheel) and clustertrain[test]
+#   Megatron-LM's source (on no registry): $CLUSTERTRAIN_MEGATRON_LM_TARBALL, else ../shared/third_party/
+#   megatron-lm-core_v0.16.1.tar.gz; without it the tests that need it skip (tests/support/megatron_lm.py)
+# pytest: a per-test timeout (pytest-timeout, pyproject.toml), the 15 slowest tests, then one line
+# "skipped N tests: ..." by reason (tests/conftest.py); the exit status is pytest's.
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"` for the fast subset.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +34,8 @@ echo "== installing clustertrain[test] (torch==2.13.0)"
 if ! .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0 -e '.[test]' >.venv/pip-install.log 2>&1; then
   grep -v 'is ignored: it is neither' .venv/pip-install.log; exit 1
 fi
-.venv/bin/python -c "import torch, clustertrain; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+.venv/bin/python -c "import torch, clustertrain, pytest_timeout
+assert torch.__version__.startswith('2.13.0'), torch.__version__"
 
 echo "== running the test suite"
-exec .venv/bin/python -m pytest "$@"
+exec .venv/bin/python -m pytest --durations=15 "$@"

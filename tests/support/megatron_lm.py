@@ -1,11 +1,15 @@
 """Megatron-LM's own argument parser, from the pinned tag's source (test material, not a double).
 
-``../shared/third_party/megatron-lm-core_v0.16.1.tar.gz`` holds ``megatron/training``, ``pretrain_gpt.py`` and
-what they import of Megatron-LM at tag core_v0.16.1 (commit 55ac7082517c); ``megatron-core==0.16.1`` from PyPI is
-its ``megatron/core``. :func:`megatron_source` unpacks it once per test session; :func:`parse_with_megatron` runs,
-in one child process (the parser reads ``sys.argv`` and ``RANK``/``WORLD_SIZE`` and prints a lot), Megatron's
-``parse_args`` on each argument list and then ``validate_args`` as far as it runs on a CPU machine: it stops at its
-first CUDA-only check (``torch.cuda.get_device_properties`` for tp > 1, ...), which is reported, not hidden.
+``megatron-lm-core_v0.16.1.tar.gz`` holds ``megatron/training``, ``pretrain_gpt.py`` and what they import of
+Megatron-LM at tag core_v0.16.1 (commit 55ac7082517c); ``megatron-core==0.16.1`` from PyPI is its ``megatron/core``.
+It is on no package registry, so it comes from outside the repository: the file ``$CLUSTERTRAIN_MEGATRON_LM_TARBALL``
+names when that is set (then nothing else is looked at: ``=/nonexistent`` shows what a bare clone does), else
+``../shared/third_party/megatron-lm-core_v0.16.1.tar.gz`` beside the repository. Without it every test that needs it
+is skipped by :func:`require_megatron_tarball`, the reason naming both. :func:`megatron_source` (which calls it)
+unpacks it once per fixture; :func:`parse_with_megatron` runs, in one child process (the parser reads ``sys.argv``
+and ``RANK``/``WORLD_SIZE`` and prints a lot), Megatron's ``parse_args`` on each argument list and then
+``validate_args`` as far as it runs on a CPU machine: it stops at its first CUDA-only check
+(``torch.cuda.get_device_properties`` for tp > 1, ...), which is reported, not hidden.
 """
 
 from __future__ import annotations
@@ -18,8 +22,33 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-TARBALL = Path(__file__).resolve().parents[3] / "shared" / "third_party" / "megatron-lm-core_v0.16.1.tar.gz"
+import pytest
+
 TOP = "megatron-lm-core_v0.16.1"
+#: the environment variable that names the tarball; when set, it is the only place looked at
+TARBALL_ENV = "CLUSTERTRAIN_MEGATRON_LM_TARBALL"
+#: the documented place beside the repository (leadership's ../shared/third_party)
+SHARED_TARBALL = Path(__file__).resolve().parents[3] / "shared" / "third_party" / f"{TOP}.tar.gz"
+#: the reason of every skip (one string, so the run's summary groups them)
+SKIP_REASON = (f"needs Megatron-LM's source {TOP}.tar.gz (on no package registry): set {TARBALL_ENV} to its path "
+               f"or put it at ../shared/third_party/{TOP}.tar.gz")
+
+
+def megatron_tarball() -> Path | None:
+    """The tarball: ``$CLUSTERTRAIN_MEGATRON_LM_TARBALL`` when set (and only it), else ``../shared/third_party``;
+    None when that file is not there."""
+    named = os.environ.get(TARBALL_ENV)
+    path = Path(named).expanduser() if named else SHARED_TARBALL
+    return path if path.is_file() else None
+
+
+def require_megatron_tarball() -> Path:
+    """The tarball's path, or skip the calling test or fixture, saying what to set."""
+    path = megatron_tarball()
+    if path is None:
+        pytest.skip(SKIP_REASON)
+    return path
+
 
 _CHILD = r'''
 import io, json, os, sys, contextlib, traceback
@@ -73,10 +102,12 @@ class ParseResult:
 
 
 def megatron_source(base: Path) -> Path:
-    """Unpack the tarball below ``base`` (once) and return Megatron-LM's top directory."""
+    """Unpack the tarball below ``base`` (once) and return Megatron-LM's top directory; skip the calling test or
+    fixture when there is no tarball (:func:`require_megatron_tarball`)."""
+    tarball = require_megatron_tarball()
     top = base / TOP
     if not (top / "pretrain_gpt.py").is_file():
-        with tarfile.open(TARBALL) as tar:
+        with tarfile.open(tarball) as tar:
             tar.extractall(base, filter="data")
     return top
 

@@ -3,7 +3,8 @@
 ``local_slurm_cluster(base)`` starts a :class:`LocalSlurmCluster` in ``base/local-slurm`` (slurm-wlm and
 munge must be installed: ``bash scripts/test.sh`` installs them), yields it and stops it at the end. ``sbatch`` submits a
 script text, ``wait_job`` polls :func:`query_job` until the job has finished, ``wait_output`` polls a
-job's output file. Slurm needs root here (daemons run as SlurmUser=root); elsewhere the tests skip.
+job's output file, ``poll_until`` any other condition: tests wait on the event, never for a fixed time. Slurm needs
+root here (daemons run as SlurmUser=root); elsewhere the tests skip.
 """
 
 from __future__ import annotations
@@ -11,13 +12,16 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
 from clustertrain.launch.slurm_cluster import LocalSlurmCluster
 from clustertrain.launch.slurm_query import JobState, query_job
+
+T = TypeVar("T")
 
 
 def local_slurm_cluster(base: Path, nodes: int = 2, **kwargs) -> Iterator[LocalSlurmCluster]:
@@ -67,3 +71,14 @@ def wait_output(path: Path, text: str, timeout: float = 30.0) -> str:
             return content
         time.sleep(0.05)
     pytest.fail(f"{path} never contained {text!r}")
+
+
+def poll_until(poll: Callable[[], T], done: Callable[[T], bool], timeout: float = 30.0, interval: float = 0.1) -> T:
+    """Call ``poll`` until ``done`` accepts its value or ``timeout`` s have passed; return the last value, for the
+    caller to assert on (so the failure shows what was still there)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = poll()
+        if done(value) or time.monotonic() > deadline:
+            return value
+        time.sleep(interval)

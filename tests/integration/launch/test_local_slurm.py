@@ -13,22 +13,33 @@ import pytest
 from clustertrain.core.errors import LaunchError
 from clustertrain.launch.slurm_cluster import LocalSlurmCluster
 from clustertrain.launch.slurm_query import find_jobcomp, list_jobs, query_job, query_nodes
-from tests.support.slurm import client_env, local_slurm_cluster, sbatch, wait_job, wait_output
+from tests.support.slurm import client_env, local_slurm_cluster, poll_until, sbatch, wait_job, wait_output
 
 pytestmark = pytest.mark.slow
 
 
 def processes_referring_to(state_dir: Path) -> list[str]:
-    """Live (non-zombie) processes whose command line or environment names ``state_dir``."""
+    """Live (non-zombie) processes whose command line, environment or working directory names ``state_dir``.
+    The working directory is what finds a slurmstepd: it rewrites its command line (``slurmstepd: [1.batch]``),
+    /proc shows it no environment, and its parent is init; it runs in slurmd's directory, the state dir."""
     found, needle = [], str(state_dir)
-    for proc in psutil.process_iter(["cmdline", "environ", "status"]):
+    for proc in psutil.process_iter(["cmdline", "environ", "cwd", "status"]):
         if proc.pid == os.getpid() or proc.info["status"] in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
             continue
         cmdline = " ".join(proc.info["cmdline"] or ())
         environ = proc.info["environ"] or {}
-        if needle in cmdline or any(needle in value for value in environ.values()):
+        if needle in cmdline or needle in (proc.info["cwd"] or "") or any(needle in v for v in environ.values()):
             found.append(f"{proc.pid}: {cmdline}")
     return found
+
+
+def kill_all(described: list[str]) -> None:
+    """SIGKILL the ``"<pid>: <command line>"`` processes (what a failed check left behind)."""
+    for line in described:
+        try:
+            psutil.Process(int(line.split(":")[0])).kill()
+        except psutil.Error:
+            pass
 
 
 def test_cluster_is_up_and_up_is_idempotent(local_slurm):
@@ -44,12 +55,14 @@ def test_cluster_is_up_and_up_is_idempotent(local_slurm):
 
 
 def test_two_node_job_completes_on_both_nodes(local_slurm, tmp_path):
-    job_id = sbatch(local_slurm, tmp_path, "srun hostname\nsrun printenv SLURMD_NODENAME\n",
+    # each task writes the node Slurm ran it on (slurmd's SLURMD_NODENAME) to its own file: the job's log also
+    # holds srun's own messages ("step creation temporarily disabled, retrying (Requested nodes are busy)")
+    job_id = sbatch(local_slurm, tmp_path, f"srun --output={tmp_path}/task-%t.node printenv SLURMD_NODENAME\n",
                     "--nodes=2", "--ntasks-per-node=1", "-J", "two nodes")
-    final = wait_job(local_slurm, job_id)
+    final = wait_job(local_slurm, job_id)  # NodeList of `scontrol show job`, expanded
     assert (final.state, final.exit_code, final.nodes, final.name) == ("COMPLETED", 0, ("node1", "node2"), "two nodes")
-    lines = (tmp_path / f"slurm-{job_id}.out").read_text().split()
-    assert sorted(ln for ln in lines if ln.startswith("node")) == ["node1", "node2"]
+    ran_on = {p.name: p.read_text().strip() for p in tmp_path.glob("task-*.node")}
+    assert sorted(ran_on.values()) == list(final.nodes), (ran_on, (tmp_path / f"slurm-{job_id}.out").read_text())
     from_squeue = {j.job_id: j for j in list_jobs(local_slurm.env())}[job_id]
     assert (from_squeue.state, from_squeue.nodes, from_squeue.exit_code) == ("COMPLETED", ("node1", "node2"), 0)
 
@@ -101,7 +114,10 @@ def test_second_cluster_with_gpus_and_down_leaves_nothing(local_slurm, tmp_path)
         assert processes_referring_to(cluster.paths.root)  # the check below can see what it looks for
     finally:
         next(gen, None)  # runs cluster.down()
-    assert processes_referring_to(cluster.paths.root) == []
+    # down() returns once it has stopped what it stops; wait for the event (every process gone), not a fixed time
+    left = poll_until(lambda: processes_referring_to(cluster.paths.root), lambda procs: not procs, timeout=30.0)
+    kill_all(left)  # not left running after a failure (a `sleep 300` and its slurmstepd, which ignores SIGTERM)
+    assert left == [], "cluster.down() left these processes of the cluster and its jobs alive 30 s later"
     assert not cluster.paths.short_root.is_symlink()
     assert not cluster.status().running
     assert local_slurm.status().nodes == {"node1": "IDLE", "node2": "IDLE"}  # the other cluster is untouched

@@ -53,7 +53,7 @@ from clustertrain.megatron.config import structure_problems as megatron_structur
 from clustertrain.monitor.config import MonitorConfig
 from clustertrain.plan.config import ModelPlanConfig, PlanConfig
 from clustertrain.core.schema import (
-    StrictModel, format_validation_error, leading_loc, read_yaml, require_mapping, validate_model,
+    StrictModel, format_error, leading_loc, ordered_errors, read_yaml, require_mapping, validate_model,
 )
 from clustertrain.train.config import (
     ArchConfig,
@@ -381,7 +381,7 @@ class Project(StrictModel):
 def read_project(path: str | Path, overrides: list[str] | None = None) -> Project:
     """Read, override and validate a project file (relative paths made absolute against it): the project as the file
     describes it. Commands load it with :func:`clustertrain.resolve.load_project`, which adds what the other stages
-    derive (the deployed stack's outputs, the built image). Raises ConfigError with a one-line message."""
+    derive (the deployed stack's outputs, the built image). Raises ConfigError with one line per mistake."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: project file not found (pass the path to a YAML file, e.g. examples/quickstart.yaml)")
@@ -420,22 +420,28 @@ def read_project(path: str | Path, overrides: list[str] | None = None) -> Projec
 
 
 def _validation_message(err: ValidationError, path: Path, applied: list[tuple[str, tuple]]) -> str:
-    """The one line for a project that does not validate. A value that ``--set KEY`` wrote (or one below it)
-    is blamed on the override, not on a line of the file that does not hold it; an error about a section an
-    override changed names the override too."""
-    first = err.errors()[0]
-    loc = tuple(first["loc"]) or leading_loc(first["msg"])
+    """The lines for a project that does not validate: one per mistake, in :func:`ordered_errors`' order (unknown
+    keys first, cross-field checks last). A value that ``--set KEY`` wrote (or one below it) is blamed on the
+    override, not on a line of the file that does not hold it; an error about a section an override changed names
+    the override too."""
+    lines = [_blamed_line(e, path, applied) for e in ordered_errors(err, Project)]
+    return "\n".join(dict.fromkeys(lines))
+
+
+def _blamed_line(error: dict, path: Path, applied: list[tuple[str, tuple]]) -> str:
+    """One error's line, its source the file's line or the ``--set`` override that wrote the value."""
+    loc = tuple(error["loc"]) or leading_loc(error["msg"])
     for key, target in reversed(applied):  # the last override of a path is the one that counts
-        wrote = loc[:len(target)] == target or (first["type"] == "extra_forbidden" and target[:len(loc)] == loc)
+        wrote = loc[:len(target)] == target or (error["type"] == "extra_forbidden" and target[:len(loc)] == loc)
         if loc and wrote:  # the bad value, or the unknown key, is the override's
-            return format_validation_error(err, f"{path} (--set {key})", Project)
+            return format_error(error, f"{path} (--set {key})", Project)
         if loc and target[:len(loc)] == loc:
-            return format_validation_error(err, f"{path} (with --set {key})", Project)
-    return format_validation_error(err, str(path), Project, path)
+            return format_error(error, f"{path} (with --set {key})", Project)
+    return format_error(error, str(path), Project, path)
 
 
 def validate_project(raw: dict[str, Any], source: str = "project", path: Path | None = None) -> Project:
-    """Validate a raw mapping; with ``path`` the one-line error names the key's line in that file."""
+    """Validate a raw mapping; with ``path`` each line of the error (one per mistake) names the key's line in that file."""
     return validate_model(raw, Project, source, path=path)
 
 

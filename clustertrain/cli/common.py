@@ -1,4 +1,4 @@
-"""Pieces every command group shares: the one path from a user mistake to its one line and exit code.
+"""Pieces every command group shares: the one path from a user mistake to its line (one per mistake) and exit code.
 
 Every typer app of the CLI — the root ``clustertrain`` app and each sub-app (``config``, ``cluster``,
 ``data`` ...) — is made by :func:`command_group`, whose click group class :class:`CommandGroup` turns a
@@ -9,8 +9,10 @@ app through it, and a sub-app run on its own (``CliRunner().invoke(sub_app, ...)
 raise; they catch nothing. Typer/click handle their own exceptions as usual: a bad option or value is a
 usage error with exit code 2, ``typer.Exit(n)`` exits n, Ctrl-C exits 130.
 
-With ``CLUSTERTRAIN_DEBUG=1`` in the environment the traceback follows the line (for bug reports);
-anything that is not a ``ClusterTrainError`` is a bug in clustertrain and keeps its traceback.
+A message may hold several lines, one per mistake (a project file with three mistakes names all three): each
+line is printed as its own ``error:`` line. With ``CLUSTERTRAIN_DEBUG`` set to ``1``, ``true`` or ``yes`` (any case)
+the traceback follows the lines (for bug reports); any other value (``0``, ``false``, empty) leaves it off.
+Anything that is not a ``ClusterTrainError`` is a bug in clustertrain and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -26,13 +28,26 @@ from typer.core import TyperGroup
 from clustertrain.core.errors import ClusterTrainError
 
 DEBUG_ENV = "CLUSTERTRAIN_DEBUG"
+DEBUG_ON = ("1", "true", "yes")
+
+
+def debug_enabled() -> bool:
+    """Whether ``CLUSTERTRAIN_DEBUG`` asks for tracebacks: ``1``, ``true`` or ``yes`` (any case, blanks aside)."""
+    return os.environ.get(DEBUG_ENV, "").strip().lower() in DEBUG_ON
+
+
+def error_lines(err: ClusterTrainError) -> list[str]:
+    """``err``'s message as ``error:`` lines: one per line of the message (one per mistake), blank lines dropped."""
+    lines = [line for line in str(err).splitlines() if line.strip()]
+    return [f"error: {line}" for line in lines or [str(err)]]
 
 
 def report_user_error(err: ClusterTrainError) -> int:
-    """Print ``err`` as one ``error:`` line on stderr (plus its traceback with CLUSTERTRAIN_DEBUG=1);
-    return its exit code."""
-    print(f"error: {err}", file=sys.stderr)
-    if os.environ.get(DEBUG_ENV):
+    """Print ``err`` on stderr, an ``error:`` line per line of its message (plus its traceback when
+    :func:`debug_enabled`); return its exit code."""
+    for line in error_lines(err):
+        print(line, file=sys.stderr)
+    if debug_enabled():
         traceback.print_exception(type(err), err, err.__traceback__, file=sys.stderr)
     return err.exit_code
 

@@ -1,6 +1,7 @@
 """`clustertrain plan PROJECT`: the arithmetic of a project file and what is wrong with it.
 
-Exit codes: 0 feasible, 1 the plan is infeasible (reasons printed), 2 bad input.
+Exit codes: 0 feasible; 2 the plan is infeasible (the plan and its reasons printed), as ``clustertrain check`` exits
+for the same problem, or bad input.
 Registered in :mod:`clustertrain.cli` as ``app.command("plan")(plan_command)``.
 """
 
@@ -15,6 +16,7 @@ from clustertrain.core.errors import ConfigError
 from clustertrain.resolve import load_project
 
 Format = Literal["table", "json", "markdown"]  # clustertrain.plan.render.FORMATS
+INFEASIBLE_EXIT = 2  # as `check` exits on the same problem
 
 
 def plan_command(
@@ -39,4 +41,4 @@ def plan_command(
         calibration = run_calibration(project)
     plan = make_plan(project, calibration)
     typer.echo(render_plan(plan, format).rstrip("\n"))
-    raise typer.Exit(0 if plan.feasible else 1)
+    raise typer.Exit(0 if plan.feasible else INFEASIBLE_EXIT)

@@ -1,6 +1,6 @@
 """How clustertrain reads typed files: one strict base for what users write, one lenient base for
-what clustertrain itself wrote, and one loader that turns YAML and validation errors into one line
-naming ``file:line`` and the fix.
+what clustertrain itself wrote, and one loader that turns YAML and validation errors into one line per mistake
+naming ``file:line``, the key and the fix (unknown keys first, with the closest valid key).
 
 * :class:`StrictModel` — user input (the project file, thresholds, requirements): unknown keys are
   errors, so a typo never passes silently.
@@ -16,6 +16,7 @@ This is a leaf module: it imports nothing else from clustertrain except :mod:`cl
 
 from __future__ import annotations
 
+import difflib
 import re
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -101,7 +102,7 @@ def require_mapping(raw: Any, path: Path, expected: str, error: type[ClusterTrai
 
 
 def load_yaml_model(path: Path, model: type[M], error: type[ClusterTrainError] = ConfigError) -> M:
-    """Read ``path`` (YAML or JSON) and validate it as ``model``; every mistake is one ``error`` line
+    """Read ``path`` (YAML or JSON) and validate it as ``model``; every mistake is one line of the ``error``
     that names ``file:line``, the key and the fix."""
     path = Path(path)
     raw = read_yaml(path, error)
@@ -110,7 +111,7 @@ def load_yaml_model(path: Path, model: type[M], error: type[ClusterTrainError] =
 
 def validate_model(raw: Any, model: type[M], source: str, error: type[ClusterTrainError] = ConfigError,
                    path: Path | None = None) -> M:
-    """Validate ``raw`` as ``model``; a failure raises ``error`` with :func:`format_validation_error`'s line.
+    """Validate ``raw`` as ``model``; a failure raises ``error`` with :func:`format_validation_error`'s lines.
     With ``path`` the line number of the offending key is looked up in that YAML file."""
     try:
         return model.model_validate(raw)
@@ -120,29 +121,114 @@ def validate_model(raw: Any, model: type[M], source: str, error: type[ClusterTra
 
 def format_validation_error(err: ValidationError, source: str, root: type[BaseModel] | None = None,
                             path: Path | None = None) -> str:
-    """One line for a pydantic error: ``source[:line]: key.path: what is wrong and the fix`` (the first
-    error; the count of the others). Unknown keys list the valid keys of that section."""
-    errors = err.errors()
-    first = errors[0]
-    loc = tuple(first["loc"])
+    """One line per mistake (:func:`ordered_errors`), each ``source[:line]: key.path: what is wrong and the fix``
+    (:func:`format_error`), joined by newlines; a message of one mistake is one line."""
+    lines = [format_error(e, source, root, path) for e in ordered_errors(err, root)]
+    return "\n".join(dict.fromkeys(lines))
+
+
+def ordered_errors(err: ValidationError, root: type[BaseModel] | None = None) -> list[dict]:
+    """The errors of ``err`` to report, the cause before its consequences: unknown keys first, then the other field
+    errors, then the cross-field checks (a model validator's message about a whole section). A required key that
+    an unknown key of the same section plausibly meant (its close match: ``max_step`` for ``max_steps``) is left
+    out: it is missing because of the typo, which is reported."""
+    errors = list(err.errors())
+    meant = set()
+    for e in errors:
+        loc = tuple(e["loc"])
+        if e["type"] == "extra_forbidden" and loc and root is not None:
+            close = close_key(str(loc[-1]), model_at(root, loc))
+            if close is not None:
+                meant.add(loc[:-1] + (close,))
+    kept = [e for e in errors if not (e["type"] == "missing" and tuple(e["loc"]) in meant)]
+    return sorted(_merge_union_members(kept, root), key=lambda e: _rank(e, root))
+
+
+def _merge_union_members(errors: list[dict], root: type[BaseModel] | None) -> list[dict]:
+    """One error per field: a value a union field (``dp: int | 'auto'``) refuses fails each member, and pydantic names
+    each under a tag (``dp.int``, ``dp.literal['auto']``); those become one error at the field whose message lists
+    what each member wants (``Input should be a valid integer, ..., or 'auto'``)."""
+    if root is None:
+        return errors
+    merged: dict[tuple, dict] = {}
+    out: list[dict] = []
+    for e in errors:
+        loc = tuple(e["loc"])
+        field = _field_loc(root, loc)
+        if field == loc or e["type"] in ("extra_forbidden", "missing"):
+            out.append(e)
+        elif field in merged:
+            first = merged[field]
+            if e["msg"] not in first["msg"]:
+                first["msg"] += f", or {e['msg'].removeprefix('Input should be ')}"
+        else:
+            merged[field] = {**e, "loc": field}
+            out.append(merged[field])
+    return out
+
+
+def _field_loc(root: type[BaseModel], loc: tuple) -> tuple:
+    """``loc`` without the union-member tags pydantic appends after a field that is not a section
+    (``("models", 0, "parallelism", "dp", "int")`` → ``(..., "dp")``)."""
+    cls: Any = root
+    for i, p in enumerate(loc):
+        if isinstance(p, int):
+            continue
+        if not (isinstance(cls, type) and issubclass(cls, BaseModel)):
+            return loc[:i] if cls is _LEAF else loc
+        if p not in cls.model_fields:
+            return loc
+        ann = cls.model_fields[p].annotation
+        models = [a for a in (ann, *getattr(ann, "__args__", ())) if isinstance(a, type) and issubclass(a, BaseModel)]
+        containers = any(getattr(a, "__origin__", None) in (list, tuple, dict, set)  # list[X], list[X] | None, ...
+                         for a in (ann, *getattr(ann, "__args__", ())))
+        cls = models[0] if models else (None if containers else _LEAF)
+    return loc
+
+
+_LEAF = object()  # a field holding a value, not a section: what follows it in a location is a union member's tag
+
+
+def _rank(error: dict, root: type[BaseModel] | None) -> int:
+    """0 an unknown key, 1 a field's own error, 2 a cross-field check (raised by a model's validator: its
+    location is a whole section, or none)."""
+    if error["type"] == "extra_forbidden":
+        return 0
+    if error["type"].startswith(("value_error", "assertion_error")):
+        loc = tuple(error["loc"])
+        if not loc or (root is not None and model_at(root, (*loc, "")) is not None):
+            return 2
+    return 1
+
+
+def close_key(key: str, owner: type[BaseModel] | None) -> str | None:
+    """The valid key of ``owner`` closest to the unknown ``key`` (``max_step`` → ``max_steps``), or None."""
+    if owner is None:
+        return None
+    close = difflib.get_close_matches(key, list(owner.model_fields), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def format_error(error: dict, source: str, root: type[BaseModel] | None = None, path: Path | None = None) -> str:
+    """One line for one pydantic error: ``source[:line]: key.path: what is wrong and the fix``. Unknown keys name
+    the closest valid key and list the valid keys of that section."""
+    loc = tuple(error["loc"])
     where = loc_str(loc)
-    line = yaml_line(path, loc or leading_loc(first["msg"])) if path is not None else None
+    line = yaml_line(path, loc or leading_loc(error["msg"])) if path is not None else None
     src = f"{source}:{line}" if line else source
-    if first["type"] == "extra_forbidden":
+    if error["type"] == "extra_forbidden":
         owner = model_at(root, loc) if root is not None else None
         valid = ", ".join(owner.model_fields) if owner else "see the reference documentation"
-        msg = f"{src}: {where}: unknown key; valid keys here: {valid}"
-    elif first["type"] == "missing":
+        close = close_key(str(loc[-1]), owner) if loc else None
+        hint = f"did you mean `{close}`? " if close else ""
+        return f"{src}: {where}: unknown key; {hint}valid keys here: {valid}"
+    if error["type"] == "missing":
         ref = getattr(root, "doc_reference", None)
-        msg = f"{src}: {where}: required key is missing; add it{f' (see {ref})' if ref else ''}"
-    else:
-        text = first["msg"].removeprefix("Value error, ")
-        got = first.get("input")
-        shown = "" if isinstance(got, (dict, list)) or got is None or first["type"].startswith("value_error") else f" (got {got!r})"
-        msg = f"{src}: {where}: {text}{shown}" if where else f"{src}: {text}{shown}"
-    if len(errors) > 1:
-        msg += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
-    return msg
+        return f"{src}: {where}: required key is missing; add it{f' (see {ref})' if ref else ''}"
+    text = error["msg"].removeprefix("Value error, ")
+    got = error.get("input")
+    shown = "" if isinstance(got, (dict, list)) or got is None or error["type"].startswith("value_error") else f" (got {got!r})"
+    return f"{src}: {where}: {text}{shown}" if where else f"{src}: {text}{shown}"
 
 
 _LEADING_PATH = re.compile(r"(?:Value error, )?([A-Za-z_]\w*(?:\[\d+\]|\.[A-Za-z_]\w*)*)[ :]")

@@ -15,7 +15,9 @@ but cannot tie the embeddings across stages, Megatron's only layer counts pp div
 Memory: the built-in trainer's model (:func:`clustertrain.plan.memory.estimate_memory`: its most loaded pipeline
 rank with pp > 1), or for a Megatron-LM model Megatron's (:func:`clustertrain.plan.megatron_memory.estimate_megatron_memory`:
 distributed optimizer, pipeline stages and the micro-batches they hold in flight). A model that does not fit gets a
-hint naming the fields to set (:func:`_memory_hint`; for the built-in trainer pp with the memory it would leave).
+hint naming the fields to set (:func:`_memory_hint`): each setting is tried with the memory estimate on the same GPU
+count and named only when it fits (for the built-in trainer pp with the memory it leaves); when none fits alone, all
+of them together; when that does not fit either, the hint says no setting fits.
 
 Time: training FLOPs = flops_per_token x tokens (the trainer's MFU formula); time on g GPUs =
 FLOPs / (g x peak x MFU), times 1 + the pipeline bubble (pp - 1) / (vp x m) with pp > 1
@@ -195,18 +197,6 @@ def evaluate(spec: ModelSpec, hw: Hardware, gpus: int) -> Evaluation:
     return Evaluation(gpus, layout, memory, budget, seconds, step, reasons, m, bubble, traffic)
 
 
-def _next_tp(spec: ModelSpec, hw: Hardware) -> int | None:
-    """The smallest tp above the model's that its framework offers, splits the model and fits a node."""
-    par, arch = spec.parallelism, spec.architecture()
-    for tp in range(par.tp + 1, hw.gpus_per_node + 1):
-        if not spec.framework.offers_tp(tp):
-            break
-        trial = par.model_copy(update={"tp": tp})
-        if not structure_problems(arch, trial) and not node_problems(trial, hw.gpus_per_node):
-            return tp
-    return None
-
-
 def _memory(spec: ModelSpec, hw: Hardware, layout: ParallelLayout, m: int) -> MemoryEstimate:
     """The most loaded rank's memory of ``spec`` on ``layout`` (``m`` micro-batches per step)."""
     if spec.megatron:
@@ -215,96 +205,160 @@ def _memory(spec: ModelSpec, hw: Hardware, layout: ParallelLayout, m: int) -> Me
     return estimate_memory(spec.shape, layout, spec.micro_batch, spec.flash_attention, hw.framework_gib, m)
 
 
-def _next_pp(spec: ModelSpec) -> int | None:
-    """The smallest pp above the model's that divides its layers (Megatron: equal stages)."""
-    layers = spec.shape.layers
-    return next((pp for pp in range(spec.parallelism.pp + 1, layers + 1) if layers % pp == 0), None)
-
-
 _SHARE = {2: "half the", 3: "a third of the", 4: "a quarter of the"}
 
 
 def _pp_tip(spec: ModelSpec, hw: Hardware, gpus: int, budget: int, needs: int) -> str | None:
-    """The built-in trainer's pp hint: the smallest pp above the model's that fits on ``gpus`` GPUs, else the one
-    that needs least, with the memory of its most loaded rank — ``parallelism.pp: 2 (each rank then holds half
-    the layers: 61.2 GiB)``; with tied embeddings, also untying them (the trainer cannot tie across stages). Only a
-    pp that needs less than the ``needs`` bytes of now: under 1F1B the first stage still holds L blocks'
-    activations, and with FSDP2 a stage keeps its blocks gathered with unsharded gradients, so pp may not help.
-    When no pp runs on ``gpus`` (tp x pp does not divide it, too few micro-batches), the smallest pp the model
-    splits into and the GPU multiple it needs. None when no pp above the model's splits it or none helps."""
+    """The built-in trainer's pp hint: the smallest pp above the model's that fits on ``gpus`` GPUs, with the memory of
+    its most loaded rank — ``parallelism.pp: 2 (each rank then holds half the layers: 61.2 GiB)``; with tied
+    embeddings, also untying them (the trainer cannot tie across stages). Under 1F1B the first stage still holds L
+    blocks' activations, and with FSDP2 a stage keeps its blocks gathered with unsharded gradients, so pp may not
+    help: None when no pp that runs on ``gpus`` GPUs fits (a hint names only layouts that fit)."""
     par = spec.parallelism
     untie = {"tie_embeddings": False} if spec.shape.tie_embeddings else {}
     shape = replace(spec.shape, **untie)
     arch = spec.architecture().model_copy(update=untie)
     untied = " with model.tie_embeddings: false" if untie else ""
-    first = least = None
-    runs = False
     for pp in range(par.pp + 1, spec.shape.layers // par.virtual_stages + 1):
         trial = par.model_copy(update={"pp": pp})
-        if split_problems(arch, trial):
-            continue
-        first = first or pp
-        if world_problems(trial, gpus):
+        if split_problems(arch, trial) or world_problems(trial, gpus):
             continue
         layout = resolve_layout(trial, gpus, spec.on_gpu)
         m = microbatches(spec.global_batch, spec.micro_batch, layout.dp)
         if spec.global_batch % (spec.micro_batch * layout.dp) or microbatch_problems(trial, m):
             continue
         mem = estimate_memory(shape, layout, spec.micro_batch, spec.flash_attention, hw.framework_gib, m)
-        runs = True
-        if mem.total_bytes >= needs:
+        if mem.total_bytes >= needs or mem.total_bytes > budget:
             continue
         layers = spec.shape.layers
         if layers % pp:
             share = f"the most loaded rank then holds {mem.layers} of the {layers} layers"
         else:
             share = f"each rank then holds {_SHARE.get(pp, f'{layers // pp} of the {layers}')} layers"
-        tip = f"parallelism.pp: {pp} ({share}: {mem.total_bytes / GiB:.1f} GiB){untied}"
-        if mem.total_bytes <= budget:
-            return tip
-        if least is None or mem.total_bytes < least[0]:
-            least = (mem.total_bytes, tip)
-    if least is not None:
-        return least[1]
-    if first is None or runs:
+        return f"parallelism.pp: {pp} ({share}: {mem.total_bytes / GiB:.1f} GiB){untied}"
+    return None
+
+
+def _trial_bytes(spec: ModelSpec, hw: Hardware, gpus: int, update: dict, micro_batch: int | None = None,
+                 untie: bool = False) -> int | None:
+    """The most loaded rank's memory of ``spec`` with its parallelism section ``update``d (and ``micro_batch``, and
+    with ``untie`` its embeddings untied) on ``gpus`` GPUs; None when that layout does not run there (its framework
+    lacks it, it does not split the model or the world, the batch does not divide)."""
+    trial = replace(spec, parallelism=spec.parallelism.model_copy(update=update),
+                    micro_batch=micro_batch or spec.micro_batch)
+    if untie and spec.shape.tie_embeddings:
+        trial = replace(trial, shape=replace(spec.shape, tie_embeddings=False),
+                        arch=spec.architecture().model_copy(update={"tie_embeddings": False}))
+    par = trial.parallelism
+    if layout_problems(trial, hw) or world_problems(par, gpus):
         return None
-    return f"parallelism.pp: {first} (on a multiple of tp x pp = {par.tp * first} GPUs){untied}"
+    layout = resolve_layout(par, gpus, trial.on_gpu)
+    if trial.megatron:
+        layout = megatron_layout(layout, par.reduce_dtype)
+    m = microbatches(trial.global_batch, trial.micro_batch, layout.dp)
+    if trial.global_batch % (trial.micro_batch * layout.dp) or (not trial.megatron and microbatch_problems(par, m)):
+        return None
+    return _memory(trial, hw, layout, m).total_bytes
+
+
+def _tp_options(spec: ModelSpec, hw: Hardware) -> list[int]:
+    """The tps above the model's that its framework offers, split the model and fit a node, smallest first."""
+    par, arch = spec.parallelism, spec.architecture()
+    out = []
+    for tp in range(par.tp + 1, hw.gpus_per_node + 1):
+        if not spec.framework.offers_tp(tp):
+            break
+        trial = par.model_copy(update={"tp": tp})
+        if not structure_problems(arch, trial) and not node_problems(trial, hw.gpus_per_node):
+            out.append(tp)
+    return out
 
 
 def _memory_hint(spec: ModelSpec, hw: Hardware, gpus: int | None = None, budget: int | None = None,
                  needs: int | None = None) -> str:
-    """What could make the model fit, among what its framework implements (fields of models[i]); for the built-in
-    trainer pp with the memory it leaves on ``gpus`` GPUs (now ``needs`` bytes), and when pp is the only setting
-    left, why."""
+    """What makes the model fit, among what its framework implements (fields of models[i]). With ``gpus`` and
+    ``budget`` each setting is tried alone on that many GPUs with the memory estimate and named only when it fits
+    (tp and pp: the smallest that fits; for the built-in trainer pp with the memory it leaves); when none fits alone,
+    all of them together, else the hint says no setting fits. Without a count, the settings that exist."""
     fw, par = spec.framework, spec.parallelism
-    tips = []
+    tips: list[tuple[str, dict, int | None]] = []   # (text, parallelism update, micro_batch)
     if par.zero_stage == 0 and spec.megatron:
-        tips.append("parallelism.zero_stage: 1 (the distributed optimizer)")
+        tips.append(("parallelism.zero_stage: 1 (the distributed optimizer)", {"zero_stage": 1}, None))
     elif par.zero_stage == 0 and 3 in fw.zero_stages:
-        tips.append("parallelism.zero_stage: 3")
+        tips.append(("parallelism.zero_stage: 3", {"zero_stage": 3}, None))
     elif par.zero_stage == 3 and not par.reshard_after_forward and not spec.megatron and par.pp == 1:
-        tips.append("parallelism.reshard_after_forward: true")  # with pp > 1 the blocks stay gathered anyway
+        tips.append(("parallelism.reshard_after_forward: true", {"reshard_after_forward": True}, None))  # pp > 1: gathered anyway
     if par.recompute != "full" and len(fw.recompute) > 1:
         want = "selective" if par.recompute == "none" and "selective" in fw.recompute else "full"
         if want in fw.recompute:
-            tips.append(f"parallelism.recompute: {want}")
-    tp = _next_tp(spec, hw) if 3 in fw.zero_stages else None
-    if tp is not None:
-        tips.append(f"parallelism.tp: {tp}" + (" with sequence_parallel: true" if fw.sequence_parallel else ""))
-    if spec.megatron:
-        pp = _next_pp(spec) if fw.pp is None else None
+            tips.append((f"parallelism.recompute: {want}", {"recompute": want}, None))
+    tps = _tp_options(spec, hw) if 3 in fw.zero_stages else []
+    sp = {"sequence_parallel": True} if fw.sequence_parallel else {}
+    tp_text = " with sequence_parallel: true" if fw.sequence_parallel else ""
+    pps = []
+    if spec.megatron and fw.pp is None:
+        pps = [pp for pp in range(par.pp + 1, spec.shape.layers + 1) if spec.shape.layers % pp == 0]
+    checked = gpus is not None and budget is not None and needs is not None
+    if not checked:  # no count to try them on: the smallest of each
+        texts = [t for t, _, _ in tips] + ([f"parallelism.tp: {tps[0]}{tp_text}"] if tps else [])
+        texts += ([f"parallelism.pp: {pps[0]}"] if pps else []) + ["a smaller training.micro_batch"] * (spec.micro_batch > 1)
+        return "try " + ", ".join(texts) if texts else "use a smaller model or GPUs with more memory"
+
+    def fits(update: dict, micro_batch: int | None = None) -> bool:
+        got = _trial_bytes(spec, hw, gpus, update, micro_batch)
+        return got is not None and got <= budget
+
+    tried = [t for t, _, _ in tips]
+    fitting = [t for t, update, mb in tips if fits(update, mb)]
+    if tps:
+        tried.append(f"parallelism.tp{tp_text}")
+        tp = next((tp for tp in tps if fits({"tp": tp, **sp})), None)
+        if tp is not None:
+            fitting.append(f"parallelism.tp: {tp}{tp_text}")
+    if pps:
+        tried.append("parallelism.pp")
+        pp = next((pp for pp in pps if fits({"pp": pp})), None)
         if pp is not None:
-            tips.append(f"parallelism.pp: {pp}")
-    elif fw.pp is None and gpus is not None and budget is not None and needs is not None:
+            fitting.append(f"parallelism.pp: {pp}")
+    elif not spec.megatron and fw.pp is None:
+        tried.append("parallelism.pp")
         pp_tip = _pp_tip(spec, hw, gpus, budget, needs)
         if pp_tip is not None:
-            if not tips:
+            if len(tried) == 1:
                 pp_tip += f": the only layout setting left ({_exhausted(spec, hw)})"
-            tips.append(pp_tip)
+            fitting.append(pp_tip)
     if spec.micro_batch > 1:
-        tips.append("a smaller training.micro_batch")
-    if tips:
-        return "try " + ", ".join(tips)
+        tried.append("training.micro_batch: 1")
+        if fits({}, 1):
+            fitting.append("a smaller training.micro_batch")
+    if fitting:
+        return "try " + ", ".join(fitting)
+    together = {k: v for _, update, _ in tips for k, v in update.items()}
+    named = [t for t, _, _ in tips]
+    if tps:
+        together.update({"tp": tps[-1], **sp})
+        named.append(f"parallelism.tp: {tps[-1]}{tp_text}")
+    mb = 1 if spec.micro_batch > 1 else None
+    named += ["training.micro_batch: 1"] * (mb is not None)
+    if len(named) > 1:
+        got = _trial_bytes(spec, hw, gpus, together, mb)
+        if got is not None and got <= budget:
+            return f"try these together: {', '.join(named)} ({got / GiB:.1f} GiB)"
+    untie = not spec.megatron and spec.shape.tie_embeddings
+    if "parallelism.pp" in tried and named:  # and the most pipeline stages that run on these GPUs with the rest
+        for pp in reversed(pps or range(par.pp + 1, spec.shape.layers // par.virtual_stages + 1)):
+            got = _trial_bytes(spec, hw, gpus, {**together, "pp": pp}, mb, untie)
+            if got is None:
+                continue
+            if got <= budget:
+                untied = " with model.tie_embeddings: false" if untie else ""
+                named.insert(len(named) - (mb is not None), f"parallelism.pp: {pp}{untied}")
+                return f"try these together: {', '.join(named)} ({got / GiB:.1f} GiB)"
+            break
+    if tried:
+        how = " alone and together" if len(named) > 1 or (named and "parallelism.pp" in tried) else ""
+        return (f"no setting makes it fit on {gpus} GPUs (tried {', '.join(tried)}{how}); use a smaller model or GPUs "
+                "with more memory")
     return "use a smaller model or GPUs with more memory"
 
 

@@ -48,7 +48,7 @@ def reason_field(index: int, reason: str) -> tuple[str, str]:
     if reason.startswith(f"models[{index}]."):  # a layout problem names its field: "models[6].parallelism.tp: ..."
         return reason.split(":", 1)[0], "change the field as the message says; `clustertrain plan PROJECT` shows the layout"
     if reason.startswith("does not fit"):
-        if "try parallelism." in reason:
+        if "try parallelism." in reason or "try these together: parallelism." in reason:  # settings that make it fit
             return f"models[{index}].parallelism", ("set what the message suggests in models[].parallelism; "
                                                      "`clustertrain plan PROJECT` shows the memory per GPU")
         return f"models[{index}].model", ("shrink the model (model.layers/hidden) or micro_batch, or use GPUs with more "

@@ -61,7 +61,8 @@ def test_overrides_by_index_and_name_are_type_checked(tmp_path):
 @pytest.mark.parametrize(
     "mutation, message",
     [
-        ("models.0.training.max_step=5", r"models\[0\]\.training\.max_step: unknown key; valid keys here: max_steps"),
+        ("models.0.training.max_step=5",
+         r"models\[0\]\.training\.max_step: unknown key; did you mean `max_steps`\? valid keys here: max_steps"),
         ("models.0.model.heads=5", r"heads \(5\) must divide hidden \(64\); e.g. heads=4"),
         ("models.0.training.max_steps=0", r"max_steps must be a positive number of steps, got 0"),
         ("models.0.training.max_steps=-3", r"max_steps must be a positive number"),

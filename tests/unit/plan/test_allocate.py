@@ -65,25 +65,37 @@ def test_does_not_fit_says_by_how_much_and_what_to_set():
     assert len(ev.reasons) == 1
     msg = ev.reasons[0]
     assert msg.startswith("does not fit: needs ") and "GiB per GPU (ddp 112, bf16 params) but 71.6 GiB is usable (79.6 GiB less 10% headroom)" in msg
-    assert msg.endswith("try parallelism.zero_stage: 3, parallelism.recompute: selective, parallelism.tp: 2 with "
-                        "sequence_parallel: true, parallelism.pp: 8 (each rank then holds 5 of the 40 layers: 64.0 GiB) "
+    # only what fits alone on the 112 GPUs: recompute does not shrink DDP's 16 B/param enough, tp needs zero_stage 3
+    assert msg.endswith("try parallelism.zero_stage: 3, parallelism.pp: 8 (each rank then holds 5 of the 40 layers: 64.0 GiB) "
                         "with model.tie_embeddings: false")  # DDP's 16 B/param over 8 stages: the first pp that fits
+    assert not evaluate(spec(shape=LARGE, par=DDP.model_copy(update={"recompute": "selective"})), H100, 112).ok
     needed = float(msg.split("needs ")[1].split(" GiB")[0])
     assert needed == round(ev.memory.total_bytes / 1024**3, 1)
     assert evaluate(spec(shape=LARGE, par=FSDP), H100, 112).ok
     tight = replace(H100, gpu_memory_gib=20.0)
     msg = evaluate(spec(shape=LARGE, par=ParallelismConfig(zero_stage=3, reshard_after_forward=False, recompute="selective")),
                    tight, 112).reasons[0]
-    assert msg.endswith("try parallelism.reshard_after_forward: true, parallelism.recompute: full, "
-                        "parallelism.tp: 2 with sequence_parallel: true, parallelism.pp: 14 (the most loaded rank then "
-                        "holds 3 of the 40 layers: 37.7 GiB) with model.tie_embeddings: false")  # none fits: the least
+    assert msg.endswith("; try parallelism.tp: 4 with sequence_parallel: true")  # the smallest tp that fits; no pp does
+    for tp, fits in ((4, True), (2, False)):
+        par = ParallelismConfig(zero_stage=3, reshard_after_forward=False, recompute="selective", tp=tp, sequence_parallel=True)
+        assert evaluate(spec(shape=LARGE, par=par), tight, 112).ok is fits
+    sharded = ParallelismConfig(zero_stage=3, reshard_after_forward=False, recompute="selective")
+    msg = evaluate(spec(shape=LARGE, par=sharded), replace(H100, gpu_memory_gib=12.0), 112).reasons[0]
+    assert msg.endswith("; try these together: parallelism.reshard_after_forward: true, parallelism.recompute: full, "
+                        "parallelism.tp: 8 with sequence_parallel: true (5.4 GiB)")  # none fits alone
+    msg = evaluate(spec(shape=LARGE, par=sharded), replace(H100, gpu_memory_gib=5.0), 112).reasons[0]
+    assert msg.endswith("; no setting makes it fit on 112 GPUs (tried parallelism.reshard_after_forward: true, "
+                        "parallelism.recompute: full, parallelism.tp with sequence_parallel: true, parallelism.pp alone "
+                        "and together); use a smaller model or GPUs with more memory")
 
 
 def test_hints_offer_only_what_the_framework_implements():
     msg = evaluate(spec(shape=LARGE, par=ParallelismConfig(param_dtype="fp32"), framework=DDP_ONLY), H100, 112).reasons[0]
     assert msg.endswith("; use a smaller model or GPUs with more memory") and "parallelism" not in msg
-    assert "a smaller training.micro_batch" in evaluate(spec(shape=LARGE, par=ParallelismConfig(param_dtype="fp32"), micro_batch=2,
-                                                             global_batch=224, framework=DDP_ONLY), H100, 112).reasons[0]
+    smaller = evaluate(spec(shape=LARGE, par=ParallelismConfig(param_dtype="fp32"), micro_batch=2, global_batch=224,
+                            framework=DDP_ONLY), H100, 112).reasons[0]
+    assert smaller.endswith("; no setting makes it fit on 112 GPUs (tried training.micro_batch: 1); use a smaller model "
+                            "or GPUs with more memory")  # a smaller micro_batch is tried, and does not fit either
 
 
 def test_time_is_flops_over_gpus_peak_and_mfu():

@@ -239,11 +239,20 @@ def test_the_memory_hint_offers_megatrons_settings():
     ev = evaluate(spec(ParallelismConfig(zero_stage=0), shape=LARGE_12B), H100, 112)
     reason = ev.reasons[0]
     assert reason.startswith("does not fit: needs ") and "(tp 1 x pp 1 x dp 112, no distributed optimizer, bf16)" in reason
-    assert reason.endswith("try parallelism.zero_stage: 1 (the distributed optimizer), parallelism.recompute: selective, "
-                           "parallelism.tp: 2 with sequence_parallel: true, parallelism.pp: 2")
+    # each setting alone, named only when it fits on these 112 H100s: the smallest tp and pp that do
+    assert reason.endswith("try parallelism.tp: 4 with sequence_parallel: true, parallelism.pp: 8")
+    for par, fits in ((ParallelismConfig(zero_stage=0, tp=4, sequence_parallel=True), True),
+                      (ParallelismConfig(zero_stage=0, tp=2, sequence_parallel=True), False),
+                      (ParallelismConfig(zero_stage=0, pp=8), True), (ParallelismConfig(zero_stage=0, pp=4), False),
+                      (ParallelismConfig(zero_stage=0, recompute="selective"), False)):
+        assert evaluate(spec(par, shape=LARGE_12B), H100, 112).ok is fits, par
     sharded = evaluate(spec(ParallelismConfig(zero_stage=1), shape=LARGE_12B), H100, 112)
     assert sharded.memory.total_bytes < ev.memory.total_bytes - 100 * 1024**3      # 12 of 18 B/param sharded over 112
+    assert not sharded.ok and "zero_stage: 1" not in reason                        # ... and still too much for an H100
     assert evaluate(spec(ParallelismConfig(zero_stage=1), shape=LARGE_12B), H200, 112).ok
+    h200 = evaluate(spec(ParallelismConfig(zero_stage=0), shape=LARGE_12B), H200, 112).reasons[0]
+    assert h200.endswith("; try parallelism.zero_stage: 1 (the distributed optimizer), parallelism.tp: 2 with "
+                         "sequence_parallel: true, parallelism.pp: 4"), h200        # an H200 holds more: zero_stage 1 fits
 
 
 def test_a_megatron_model_that_never_fits_is_an_error_on_its_parallelism():

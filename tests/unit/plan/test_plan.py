@@ -171,12 +171,13 @@ def test_cli_exit_codes():
     assert ok.exit_code == 0, ok.output
     assert json.loads(ok.output)["cluster"]["vcpus"] == 15_360
     ddp = runner.invoke(_cli(), ["plan", str(P5E), "--format", "json", *(a for s in DDP for a in ("--set", s))])
-    assert ddp.exit_code == 1 and json.loads(ddp.output)["feasible"] is False  # replicated, the models do not fit
+    assert ddp.exit_code == 2 and json.loads(ddp.output)["feasible"] is False  # replicated, the models do not fit
+    # exit 2, as `check` exits on the same problem (the plan still printed, to stdout)
     tight = runner.invoke(_cli(), ["plan", str(P5E), "--set", "models.model-7.plan.deadline_days=5"])
-    assert tight.exit_code == 1           # model-7 alone needs 77 nodes to finish in 5 days
+    assert tight.exit_code == 2           # model-7 alone needs 77 nodes to finish in 5 days
     assert "problem: the feasible models need at least 83 nodes together" in tight.output and "model-7 77)" in tight.output
     late = runner.invoke(_cli(), ["plan", str(P5E), "--set", "models.model-7.plan.deadline_days=1"])
-    assert late.exit_code == 1
+    assert late.exit_code == 2
     assert "infeasible: model-7: takes " in late.output and "over the deadline of 1 days" in late.output
     wrong = runner.invoke(_cli(), ["plan", str(P5E), "--format", "xml"])
     assert wrong.exit_code == 2 and "Invalid value for '--format'" in wrong.output  # typer checks the choice

@@ -4,7 +4,9 @@ local or Slurm; :mod:`clustertrain.monitor.status`).
 Jobs are found through the run directories' records (``RUN_DIR/jobs.jsonl``): ``status``, ``logs`` and
 ``cancel`` take the same PROJECT, ``--model``, ``--run-dir`` and ``--set`` as ``submit`` and act on
 each model's newest job (or ``--job ID``). Slurm clients need ``SLURM_CONF`` etc. in the environment
-(for the local cluster: ``eval "$(clustertrain local-slurm env)"``).
+(for the local cluster: ``eval "$(clustertrain local-slurm env)"``). On a ``backend: slurm`` project with no
+controller answering, ``submit``, ``logs`` and ``cancel`` refuse in one line before writing anything; ``status``
+says so in one line (stderr) and shows what the run directories say.
 """
 
 from __future__ import annotations
@@ -29,10 +31,6 @@ def register(app: typer.Typer) -> None:
     app.command("status")(status)
     app.command("logs")(logs)
     app.command("cancel")(cancel)
-
-
-def _runs(project_file: Path, model: Optional[str], run_dir: Optional[Path], set_: list[str]):
-    return _run_paths(load_project(project_file, set_), model, run_dir)
 
 
 def _run_paths(project, model: Optional[str], run_dir: Optional[Path]):
@@ -96,6 +94,7 @@ def status(
     """Where every model of the project stands, local or Slurm: state, step, loss, speed, ETA, GPU-hours, cost,
     checkpoint, job and nodes, alarms (exit 1 if any model failed, cancelled or timed out)."""
     from clustertrain.launch.overview import newest_jobs
+    from clustertrain.launch.slurm import SlurmLauncher, slurm_problem
     from clustertrain.monitor.status import any_failed, gpu_hour_prices, project_status
     from clustertrain.monitor.status_view import make_console, show
     from clustertrain.monitor.status_view import watch as watch_rows
@@ -103,9 +102,13 @@ def status(
     project = load_project(project_file, set_)
     runs = _run_paths(project, model, run_dir)
     prices = gpu_hour_prices(project)
+    down = slurm_problem(project)  # the run directories still answer; the jobs' states are not asked
+    if down:
+        typer.echo(f"note: {down}", err=True)
 
     def collect():
-        return project_status(project, runs, newest_jobs(runs, job), prices=prices)
+        launcher = SlurmLauncher(unreachable=down) if down else None
+        return project_status(project, runs, newest_jobs(runs, job, launcher), prices=prices)
 
     console = make_console()
     rows = watch_rows(collect, interval, console, as_json) if watch else collect()
@@ -125,8 +128,11 @@ def logs(
     """Print (or follow) the Slurm output file of a model's job."""
     from clustertrain.core.errors import LaunchError
     from clustertrain.launch import SlurmLauncher
+    from clustertrain.launch.slurm import require_reachable
 
-    runs = _runs(project_file, model, run_dir, set_)
+    project = load_project(project_file, set_)
+    require_reachable(project)
+    runs = _run_paths(project, model, run_dir)
     if len(runs) > 1:
         raise LaunchError(f"the project has {len(runs)} models; choose one with --model ({', '.join(n for n, _ in runs)})")
     launcher = SlurmLauncher()
@@ -144,9 +150,12 @@ def cancel(
 ) -> None:
     """Cancel each model's newest Slurm job (scancel)."""
     from clustertrain.launch import SlurmLauncher
+    from clustertrain.launch.slurm import require_reachable
 
+    project = load_project(project_file, set_)
+    require_reachable(project)
     launcher = SlurmLauncher()
-    for name, paths in _runs(project_file, model, run_dir, set_):
+    for name, paths in _run_paths(project, model, run_dir):
         job_id = launcher.attach(paths, job)
         launcher.cancel(job_id)
         typer.echo(f"cancelled {name}: job {job_id}")

@@ -254,10 +254,12 @@ def run_image_check(project: Project, *, container: bool = True, timeout_s: floa
     """Submit the job, wait (cancelled past ``timeout_s`` from submission, or on Ctrl-C), judge, write
     ``image-check.json``. ``env``: Slurm client variables over this process's environment."""
     from clustertrain.launch.batch import batch_state, cancel_job, submit_script
+    from clustertrain.launch.slurmcli import require_slurm
     from clustertrain.validate.suite import new_suite_dir
     from clustertrain.validate.suitejob import render_job, why_missing
 
     image = image_to_check(project, container)  # refuse before making a directory
+    require_slurm(env)  # no controller: one line, before the directory too
     paths = new_suite_dir(project)
     report = ImageCheckReport(project=project.name, image=image, container=container, directory=str(paths.root),
                               started=datetime.now().isoformat(timespec="seconds"))

@@ -11,18 +11,27 @@ The state directory (every path, the ``cluster.json`` record) is documented and 
 :mod:`clustertrain.launch.slurm_cluster_paths`; the daemons are found and stopped by
 :mod:`clustertrain.launch.slurm_cluster_procs`.
 
-``up()`` on a directory whose cluster is running with the same spec reuses it; a fresh start wipes
-ctld/, spool/, run/, log/, dev/ and jobcomp.txt (job ids restart at 1). ``munged`` runs as root
-with ``--force`` on a per-cluster key instead of the system ``munge`` user and /etc/munge key: the
-munge user cannot reach a socket inside a private (0700) temp directory, and a shared system munged
-could not be stopped by one cluster's ``down()`` without breaking another.
+``up()`` on a directory whose cluster is running with the same spec reuses it; it never stops or restarts
+a cluster it did not start: another spec, a cluster partly running (a daemon gone, job processes left) or
+one started on another host (a shared home) is one line naming its owner (``cluster.json``'s ``owner``)
+and ``down``. Only a directory with nothing of its cluster alive gets a fresh start, which wipes ctld/,
+spool/, run/, log/, dev/ and jobcomp.txt (job ids restart at 1). ``down()`` cancels the cluster's jobs
+(:meth:`LocalSlurmCluster.jobs` lists them first), stops its daemons, then SIGTERMs and SIGKILLs every
+process of the cluster left (:func:`~clustertrain.launch.slurm_cluster_procs.cluster_processes`: job
+processes that ignore SIGTERM or left their step, slurmstepd and all under it), never another cluster's.
+
+``munged`` runs as root with ``--force`` on a per-cluster key instead of the system ``munge`` user and
+/etc/munge key: the munge user cannot reach a socket inside a private (0700) temp directory, and a shared
+system munged could not be stopped by one cluster's ``down()`` without breaking another.
 """
 
 from __future__ import annotations
 
 import fcntl
+import getpass
 import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -30,17 +39,20 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from clustertrain.core.errors import LaunchError
 from clustertrain.launch.slurm_cluster_paths import RECORD_VERSION, LocalSlurmPaths
 from clustertrain.launch.slurm_cluster_procs import (
     DAEMON_NAMES,
+    cluster_processes,
     find_ours,
     free_ports,
     is_ours,
     log_tail,
     stop,
+    stop_processes,
     total_memory_mb,
     wait_for,
 )
@@ -49,8 +61,8 @@ from clustertrain.launch.slurmcli import run_slurm
 from clustertrain.core.run_paths import write_atomic
 from clustertrain.core.templating import render
 
-__all__ = ["JOBCOMP_TYPES", "LocalSlurmCluster", "LocalSlurmPaths", "LocalSlurmStatus", "NodeGroup", "RECORD_VERSION",
-           "require_installed"]
+__all__ = ["ClusterJob", "JOBCOMP_TYPES", "LocalSlurmCluster", "LocalSlurmPaths", "LocalSlurmStatus", "NodeGroup",
+           "RECORD_VERSION", "owner_text", "require_installed"]
 
 _TEMPLATES = Path(__file__).parent / "templates"
 _SBIN = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
@@ -87,6 +99,19 @@ class NodeGroup:
 
 
 @dataclass(frozen=True)
+class ClusterJob:
+    """A job of the cluster as ``squeue`` lists it (what ``down`` names before cancelling)."""
+
+    job_id: str
+    name: str
+    user: str
+    state: str
+
+    def describe(self) -> str:
+        return f"job {self.job_id} {self.name!r} of {self.user}, {self.state}"
+
+
+@dataclass(frozen=True)
 class LocalSlurmStatus:
     """What :meth:`LocalSlurmCluster.status` found."""
 
@@ -94,9 +119,11 @@ class LocalSlurmStatus:
     running: bool
     pids: dict[str, int | None] = field(default_factory=dict)
     nodes: dict[str, str] = field(default_factory=dict)
+    owner: str = ""
 
     def describe(self) -> str:
         lines = [f"state dir: {self.state_dir}", f"running:   {'yes' if self.running else 'no'}"]
+        lines += [f"owner:     {self.owner}"] if self.owner else []
         lines += [f"  {name:<16} pid {pid if pid else '-'}" for name, pid in sorted(self.pids.items())]
         lines += [f"  {node:<16} {state}" for node, state in sorted(self.nodes.items())]
         return "\n".join(lines)
@@ -173,13 +200,21 @@ class LocalSlurmCluster:
         self.paths.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         with self._locked():
             record = self.paths.read_record()
-            if record and self._all_alive(record):
-                wanted = {k: record.get("spec", {}).get(k) for k in self.spec}
-                if wanted != self.spec:
-                    raise LaunchError(f"local Slurm in {self.paths.root} already runs with {wanted}; run "
-                                      "`clustertrain local-slurm down` first to start it as asked")
-                return self._wait_idle(deadline=time.monotonic() + self.timeout)
-            self._stop_all(record)
+            if record:
+                self._refuse_other_host(record)
+                if self._all_alive(record):
+                    wanted = {k: record.get("spec", {}).get(k) for k in self.spec}
+                    if wanted != self.spec:
+                        raise LaunchError(f"local Slurm in {self.paths.root} already runs with {wanted} "
+                                          f"({owner_text(record)}); it is not restarted: stop it with "
+                                          f"`{self.down_command}` (cancels its jobs) or start another with --name NAME")
+                    return self._wait_idle(deadline=time.monotonic() + self.timeout)
+                left = cluster_processes(self.paths)
+                if left:
+                    shown = ", ".join(f"{p.info['name']} {p.pid}" for p in left[:4]) + (", ..." * (len(left) > 4))
+                    raise LaunchError(f"local Slurm in {self.paths.root} is partly running ({len(left)} process(es) "
+                                      f"left: {shown}; {owner_text(record)}); `up` does not restart a cluster it did "
+                                      f"not start: run `{self.down_command}` first")
             require_installed()
             try:
                 self._start()
@@ -188,12 +223,43 @@ class LocalSlurmCluster:
                 self._stop_all(self.paths.read_record())
                 raise
 
-    def down(self) -> None:
-        """Cancel all jobs, stop every daemon of this state dir by pid and wait until they are gone."""
+    def down(self) -> list[ClusterJob]:
+        """Cancel all jobs, stop every daemon of this state dir, then every process of the cluster left
+        (SIGTERM, SIGKILL after a grace period); return the jobs it cancelled. A cluster started on another host
+        is one line (its processes are there)."""
         if not self.paths.root.is_dir():
-            return
+            return []
         with self._locked():
-            self._stop_all(self.paths.read_record())
+            record = self.paths.read_record()
+            if record:
+                self._refuse_other_host(record)
+            return self._stop_all(record)
+
+    def jobs(self) -> list[ClusterJob]:
+        """The cluster's jobs (``squeue``: id, name, user, state) -- what ``down()`` would cancel; [] when its
+        controller is not running."""
+        record = self.paths.read_record() or {}
+        if record:
+            self._refuse_other_host(record)
+        if not is_ours(record.get("pids", {}).get("slurmctld"), self.paths):
+            return []
+        proc = self._client(["squeue", "-h", "-o", "%A\t%u\t%T\t%j"], check=False)
+        jobs = []
+        for line in proc.stdout.splitlines() if proc.returncode == 0 else []:
+            parts = line.split("\t", 3)
+            if len(parts) == 4 and parts[0].strip().isdigit():
+                jobs.append(ClusterJob(parts[0].strip(), parts[3], parts[1], parts[2]))
+        return jobs
+
+    def down_refusal(self, jobs: list[ClusterJob]) -> str:
+        """The one line ``down`` without ``--yes`` and without a terminal to ask on says."""
+        shown = "; ".join(j.describe() for j in jobs[:5]) + ("; ..." if len(jobs) > 5 else "")
+        return (f"local Slurm in {self.paths.root}: down would cancel {len(jobs)} job(s) ({shown}); nothing was "
+                f"stopped: run `{self.down_command} --yes` to cancel them, or wait until they end")
+
+    @property
+    def down_command(self) -> str:
+        return f"clustertrain local-slurm down --state-dir {shlex.quote(str(self.paths.root))}"
 
     def status(self) -> LocalSlurmStatus:
         record = self.paths.read_record() or {}
@@ -205,7 +271,7 @@ class LocalSlurmCluster:
             proc = self._client(["scontrol", "show", "node", "-o"], check=False)
             if proc.returncode == 0:
                 nodes = {n.name: n.state for n in parse_nodes(proc.stdout)}
-        return LocalSlurmStatus(self.paths.root, running, pids, nodes)
+        return LocalSlurmStatus(self.paths.root, running, pids, nodes, owner_text(record) if record else "")
 
     # -- internals ---------------------------------------------------------------------------------
 
@@ -226,7 +292,8 @@ class LocalSlurmCluster:
         if any(g.gpus for g in self.groups):
             self._make_gres()
         pids: dict[str, int] = {}
-        record = {"version": RECORD_VERSION, "spec": self.spec, "ctld_port": ports[0],
+        record = {"version": RECORD_VERSION, "owner": _owner(), "cluster_name": p.cluster_name,
+                  "spec": self.spec, "ctld_port": ports[0],
                   "node_ports": dict(zip(self.node_names, ports[1:])), "pids": pids}
         pids["munged"] = self._spawn("munged", [
             _need("munged"), "--foreground", "--force", f"--socket={p.munge_socket}",
@@ -261,7 +328,7 @@ class LocalSlurmCluster:
             partitions.setdefault(g.partition, []).append(g.hostlist)
         p = self.paths
         return render(
-            _TEMPLATES, "slurm.conf.j2", state_dir=p.root, cluster_name="clustertrain-local",
+            _TEMPLATES, "slurm.conf.j2", state_dir=p.root, cluster_name=p.cluster_name,
             hostname=socket.gethostname().split(".")[0], munge_socket=p.munge_socket, jobcomp_file=p.jobcomp,
             ctld_dir=p.ctld_dir, spool_dir=p.slurmd_spool, run_dir=p.run_dir, log_dir=p.log_dir,
             ctld_port=ctld_port, node_list=node_list, partitions={k: ",".join(v) for k, v in partitions.items()},
@@ -319,23 +386,44 @@ class LocalSlurmCluster:
                                   f"{log_tail(self.paths.log_dir / 'slurmctld.log')}")
             time.sleep(0.2)
 
-    def _stop_all(self, record: dict | None) -> None:
+    def _stop_all(self, record: dict | None) -> list[ClusterJob]:
         pids = dict((record or {}).get("pids", {}))
+        jobs: list[ClusterJob] = []
         if pids.get("slurmctld") and is_ours(pids["slurmctld"], self.paths):
-            jobs = self._client(["squeue", "-h", "-o", "%A"], check=False).stdout.split()
+            jobs = self.jobs()
             if jobs:
-                self._client(["scancel", *jobs], check=False)
-                wait_for(lambda: not find_ours(self.paths, {"slurmstepd"}), 5.0)
+                self._client(["scancel", *(j.job_id for j in jobs)], check=False)
+                deadline = time.monotonic() + 8.0  # KillWait=5: Slurm SIGKILLs what ignores SIGTERM after 5 s
+                while time.monotonic() < deadline and any(
+                        p.info["name"] not in ("slurmctld", "slurmd", "munged") for p in cluster_processes(self.paths)):
+                    time.sleep(0.25)
         order = [n for n in pids if n.startswith("slurmd-")] + ["slurmctld", "munged"]
         for name in order:
             pid = pids.get(name)
             if pid and (pid in self._children or is_ours(pid, self.paths)):  # our Popen: ours even before exec
                 self._stop_pid(pid)
-        for pid in find_ours(self.paths, set(DAEMON_NAMES)):  # stragglers: steps, unrecorded daemons
+        for pid in find_ours(self.paths, set(DAEMON_NAMES) - {"slurmstepd"}):  # unrecorded daemons
             self._stop_pid(pid)
+        stuck: list = []
+        for grace in (3.0, 0.5, 0.5, 0.5, 0.5):  # again while a process started one before it was killed
+            left = cluster_processes(self.paths)  # steps, job processes, all under them
+            if not left or left == stuck:
+                break
+            stuck = stop_processes(left, grace)
         link = self.paths.short_root
         if link.is_symlink() and Path(os.readlink(link)) == self.paths.root:
             link.unlink()
+        if stuck:
+            raise LaunchError(f"local Slurm in {self.paths.root}: {len(stuck)} process(es) survived SIGKILL "
+                              f"({', '.join(str(p.pid) for p in stuck[:5])}); see `ps -o pid,stat,wchan,cmd -p "
+                              f"{','.join(str(p.pid) for p in stuck[:5])}`")
+        return jobs
+
+    def _refuse_other_host(self, record: dict) -> None:
+        host = (record.get("owner") or {}).get("host")
+        if host and host != socket.gethostname():
+            raise LaunchError(f"local Slurm in {self.paths.root} was started on host {host} ({owner_text(record)}); "
+                              f"its processes run there: run `{self.down_command}` on {host}, or use another --name")
 
     def _stop_pid(self, pid: int, grace: float = 10.0) -> None:
         stop(pid, self._children.pop(pid, None), grace)
@@ -349,12 +437,30 @@ class LocalSlurmCluster:
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        with open(self.paths.lock, "a") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+        fd = os.open(self.paths.root, os.O_RDONLY | os.O_DIRECTORY)  # the directory itself: no lock file to write
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+
+def _owner() -> dict:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    return {"pid": os.getpid(), "uid": os.getuid(), "user": user, "host": socket.gethostname(),
+            "started": datetime.now().isoformat(timespec="seconds")}
+
+
+def owner_text(record: dict) -> str:
+    """Who started the cluster of ``record``, for a message: ``started by root (uid 0, pid 42) on vm at ...``."""
+    o = record.get("owner") or {}
+    if not o:
+        return "started by an older clustertrain, owner not recorded"
+    return (f"started by {o.get('user', '?')} (uid {o.get('uid', '?')}, pid {o.get('pid', '?')}) on "
+            f"{o.get('host', '?')} at {o.get('started', '?')}")
 
 
 # -- programs --------------------------------------------------------------------------------------

@@ -6,8 +6,11 @@ State-directory layout::
     <state_dir>/
       cluster.json        what up() started -- written last, after every daemon was spawned (and once
                           before, right after munged, so a failure can stop it); a directory without it
-                          holds no cluster. Format (JSON): {"version": 1, "spec": {nodes, cpus_per_node,
-                          gpus_per_node, gpu_type, partition, min_job_age, jobcomp, groups: [{partition,
+                          holds no cluster. Format (JSON): {"version": 1, "owner": {"pid", "uid", "user",
+                          "host", "started" (ISO time)} (who ran up(); up() refuses a live cluster of another
+                          spec or host instead of restarting it), "cluster_name": ClusterName in slurm.conf
+                          (ct-<hash of the state dir>; jobs see it as SLURM_CLUSTER_NAME), "spec": {nodes,
+                          cpus_per_node, gpus_per_node, gpu_type, partition, min_job_age, jobcomp, groups: [{partition,
                           prefix, count, cpus, memory_mb, gpus, gpu_type}]}, "ctld_port": int,
                           "node_ports": {"node1": int, ...}, "pids": {"munged": int, "slurmctld": int,
                           "slurmd-node1": int, ...}}; readers ignore fields they do not know
@@ -22,7 +25,7 @@ State-directory layout::
       log/                slurmctld.log, slurmd-nodeK.log, and *.out (the daemons' stdout/stderr)
       run/                slurmctld.pid, slurmd-nodeK.pid
       dev/                fake GPU character devices nvidia0..  (gpus_per_node > 0 only)
-      .lock               serialises up()/down() on this directory
+      (the directory itself is flock'ed while up()/down() run on it: no lock file is written)
 
 Unix socket paths hold at most 107 bytes, and step sockets live at spool/nodeK/nodeK_<job>.<step>.
 When the state dir is longer than 63 characters (fewer with node names longer than 8 characters, such as
@@ -34,13 +37,37 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from clustertrain.core.errors import LaunchError
 from clustertrain.core.run_paths import write_atomic
 
 RECORD_VERSION = 1
 MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with the terminating NUL
+#: Named clusters live in ``BASE_DIR/<name>``; ``$STATE_DIR_ENV`` names one cluster's state directory itself.
+BASE_DIR = "~/.clustertrain/local-slurm"
+STATE_DIR_ENV = "CLUSTERTRAIN_LOCAL_SLURM_DIR"
+DEFAULT_NAME = "default"
+_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,39}")
+
+
+def state_dir_for(name: str | None = None, state_dir: str | Path | None = None) -> Path:
+    """Which cluster a command means: ``state_dir`` as given; else ``~/.clustertrain/local-slurm/<name>``; else
+    ``$CLUSTERTRAIN_LOCAL_SLURM_DIR`` (one cluster's state dir, for a script of its own); else the cluster named
+    ``default``. Both ``name`` and ``state_dir``, or a name that is not a plain word, is one line."""
+    if name is not None and state_dir is not None:
+        raise LaunchError(f"local Slurm: --name {name} and --state-dir {state_dir} both say which cluster; give one")
+    if state_dir is not None:
+        return Path(state_dir).expanduser()
+    if name is not None:
+        if not _NAME.fullmatch(name):
+            raise LaunchError(f"local Slurm: --name {name!r} must be 1-40 lowercase letters, digits, '_' or '-' "
+                              "(starting with a letter or digit), e.g. --name ci-1")
+        return Path(BASE_DIR).expanduser() / name
+    return Path(os.environ.get(STATE_DIR_ENV) or Path(BASE_DIR).expanduser() / DEFAULT_NAME).expanduser()
 
 
 @dataclass(frozen=True)
@@ -67,8 +94,10 @@ class LocalSlurmPaths:
         return self.root / "jobcomp.txt"
 
     @property
-    def lock(self) -> Path:
-        return self.root / ".lock"
+    def cluster_name(self) -> str:
+        """ClusterName in slurm.conf: ``ct-`` and a hash of the state dir, so it names this cluster only (Slurm
+        exports it to every job as SLURM_CLUSTER_NAME; ``down()`` finds the jobs' processes by it)."""
+        return f"ct-{hashlib.sha1(str(self.root).encode()).hexdigest()[:12]}"
 
     @property
     def munge_dir(self) -> Path:

@@ -5,6 +5,15 @@ command line (slurmctld, slurmd), munged's ``--socket=`` there, or ``SLURM_CONF`
 a Slurm daemon (slurmstepd inherits it). That guards against pid reuse and against another cluster
 on the same machine. Zombies count as gone: a stopped daemon whose parent has not reaped it yet
 (or whose parent is a container's init that never does) is not running.
+
+:func:`cluster_processes` adds what ``down()`` must leave nothing of: the processes of this cluster's jobs
+(``SLURM_JOB_ID`` in the environment with this cluster's ``SLURM_CONF`` or ``SLURM_CLUSTER_NAME``, also
+after they left their step: orphans, new sessions), its slurmstepd processes and everything under them and
+under its slurmd. A slurmstepd shows neither: it rewrites its command line (``slurmstepd: [1.batch]``),
+/proc shows it no environment and its parent is init (slurmd double-forks it); it is found by its working
+directory, slurmd's, which is the state directory itself (exactly: a cluster whose state dir lies inside
+another's is not the other's). Another cluster's differ in all of these; a user's shell with this ``SLURM_CONF`` exported is not
+a job (no ``SLURM_JOB_ID``), and the caller and its ancestors are never counted.
 """
 
 from __future__ import annotations
@@ -45,6 +54,55 @@ def is_ours(pid: object, paths: LocalSlurmPaths) -> bool:
         return proc.name() in DAEMON_NAMES and proc.environ().get("SLURM_CONF") == str(paths.conf)
     except psutil.Error:
         return False
+
+
+def cluster_processes(paths: LocalSlurmPaths) -> list[psutil.Process]:
+    """Every live process of this cluster: its daemons, its jobs' processes and the trees under its slurmd and
+    slurmstepd processes (see the module docstring); never this process or one of its ancestors. Each has
+    ``.info["name"]``."""
+    me = psutil.Process()
+    spare = {me.pid, *(p.pid for p in me.parents())}
+    conf, name, root = str(paths.conf), paths.cluster_name, os.path.realpath(paths.root)
+    found: dict[int, psutil.Process] = {}
+    for proc in psutil.process_iter(["name", "environ", "status", "cwd"]):
+        if proc.pid in spare or proc.info["status"] in _GONE:
+            continue
+        env = proc.info["environ"] or {}
+        job = "SLURM_JOB_ID" in env and (env.get("SLURM_CONF") == conf or env.get("SLURM_CLUSTER_NAME") == name)
+        step = proc.info["name"] == "slurmstepd" and proc.info["cwd"] is not None and (
+            os.path.realpath(proc.info["cwd"]) == root)
+        if job or step or (proc.info["name"] in DAEMON_NAMES and is_ours(proc.pid, paths)):
+            found[proc.pid] = proc
+    for proc in [p for p in found.values() if p.info["name"] in ("slurmd", "slurmstepd")]:
+        try:
+            children = proc.children(recursive=True)
+        except psutil.Error:
+            continue
+        for child in children:
+            if child.pid in spare or child.pid in found:
+                continue
+            try:
+                child.info = {"name": child.name()}  # as process_iter sets it: every returned process has .info
+            except psutil.Error:
+                continue
+            found[child.pid] = child
+    return [p for p in found.values() if alive(p.pid)]
+
+
+def stop_processes(procs: list[psutil.Process], grace: float = 3.0) -> list[psutil.Process]:
+    """SIGTERM to all of ``procs``, SIGKILL to those alive ``grace`` s later; return those still alive 5 s after
+    that (none, unless a process is stuck in the kernel)."""
+    for send, wait in (("terminate", grace), ("kill", 5.0)):
+        for proc in procs:
+            try:
+                getattr(proc, send)()
+            except psutil.Error:
+                pass
+        wait_for(lambda: all(_gone(p, None) for p in procs), wait)
+        procs = [p for p in procs if not _gone(p, None)]
+        if not procs:
+            break
+    return procs
 
 
 def find_ours(paths: LocalSlurmPaths, names: set[str]) -> list[int]:

@@ -118,7 +118,11 @@ def resolve_nodes(nodes: str, project: Project, available: int | None) -> int:
 def run_suite(project: Project, cfg: SuiteConfig, env: Mapping[str, str] | None = None, *,
               thresholds: ThresholdsConfig | None = None, poll_s: float = 0.5) -> SuiteReport:
     """Submit every job, wait (cancelling those past their limits), gather, judge, write ``report.json``.
-    ``env``: Slurm client variables (``SLURM_CONF``...) over this process's environment."""
+    ``env``: Slurm client variables (``SLURM_CONF``...) over this process's environment. No controller answering
+    is one line (:func:`~clustertrain.launch.slurmcli.require_slurm`) before the suite directory is made."""
+    from clustertrain.launch.slurmcli import require_slurm
+
+    require_slurm(env)
     paths = new_suite_dir(project)
     ctx = suite_context(project, cfg, paths, thresholds)
     planned = plan_checks(ctx)

@@ -29,6 +29,9 @@ is :mod:`clustertrain.core.storage_layout`'s rule.
                             stack, flight-recorder dumps (clustertrain.monitor.hang_watchdog)
       jobs/                 the batch script of each submission, kept as submitted, and <job id>.end: the state the
                             batch script recorded when the job ended (clustertrain.core.job_records)
+      lease.json            who may write the run directory now: a live `run`/`submit` process, or the Slurm job (chain)
+                            that carries the run; .lease.lock beside it, the file a live process holder keeps flock'ed
+                            (clustertrain.core.run_lease)
 
 Formats of the files clustertrain writes here and reads back (typed, lenient models with a ``version`` and the
 writer's ``clustertrain`` version): :mod:`clustertrain.core.run_records`.

@@ -10,8 +10,8 @@ from rich.console import Console
 from clustertrain.core.errors import LaunchError
 from clustertrain.launch.follow import follow_local
 from clustertrain.launch.local import LocalLauncher
-from clustertrain.launch.prepare import prepare_run, run_dir_for
-from clustertrain.project import Project
+from clustertrain.launch.prepare import RunSpec, prepare_run, run_dir_for
+from clustertrain.project import ModelEntry, Project
 from clustertrain.core.run_records import read_status, record_failure
 from clustertrain.core.states import State
 
@@ -42,25 +42,34 @@ def run_project(project: Project, model: str | None, run_dir: Path | None, resum
     outcomes = []
     for entry in entries:
         spec = prepare_run(project, entry, run_dir_for(project, entry, run_dir, several), resume=resume, console=console)
-        console.print(f"[bold]run[/] {project.name}/{entry.name} -> {spec.paths.root}")
-        launcher = LocalLauncher()
-        job = launcher.submit(spec)
-        result = follow_local(launcher, job, spec, console)
-        if result.state == State.FAILED:  # the run's final state, written by the job's own launcher
-            record_failure(spec.paths, result.message)
-        if entry.framework == "megatron" and result.state == State.COMPLETED:
-            from clustertrain.megatron.backup import latest_iteration
-
-            if latest_iteration(spec.paths.checkpoints) == entry.training.max_steps:
-                spec.paths.completed.touch()  # Megatron wrote no status: its checkpoint layout says it finished
-        status = read_status(spec.paths)
-        outcome = RunOutcome(entry.name, spec.paths.root, State(result.state), result.exit_code, result.message,
-                             status.step if status else None, status.checkpoint if status else None,
-                             status.backup if status else None)
+        try:
+            outcome = _run_one(project, entry, spec, console)
+        finally:
+            if spec.lease is not None:
+                spec.lease.release()  # the run's writers are done: the directory is nobody's until the next run
         outcomes.append(outcome)
         if outcome.state != State.COMPLETED:
             break
     return outcomes
+
+
+def _run_one(project: Project, entry: ModelEntry, spec: RunSpec, console: Console) -> RunOutcome:
+    """Start one prepared run's ranks, follow them to the end, and read how it ended."""
+    console.print(f"[bold]run[/] {project.name}/{entry.name} -> {spec.paths.root}")
+    launcher = LocalLauncher()
+    job = launcher.submit(spec)
+    result = follow_local(launcher, job, spec, console)
+    if result.state == State.FAILED:  # the run's final state, written by the job's own launcher
+        record_failure(spec.paths, result.message)
+    if entry.framework == "megatron" and result.state == State.COMPLETED:
+        from clustertrain.megatron.backup import latest_iteration
+
+        if latest_iteration(spec.paths.checkpoints) == entry.training.max_steps:
+            spec.paths.completed.touch()  # Megatron wrote no status: its checkpoint layout says it finished
+    status = read_status(spec.paths)
+    return RunOutcome(entry.name, spec.paths.root, State(result.state), result.exit_code, result.message,
+                      status.step if status else None, status.checkpoint if status else None,
+                      status.backup if status else None)
 
 
 def local_gpus() -> int:

@@ -38,13 +38,14 @@ from clustertrain.launch.prepare import run_dir_for
 from clustertrain.core.job_records import JobRecord, add_record, find_record, new_script_path, read_end_marker, update_record
 from clustertrain.launch.sbatch import SbatchRequest, build_request, render_script
 from clustertrain.launch.slurm_query import JobGone, JobState, parse_kv_line, query_job
-from clustertrain.launch.slurmcli import run_slurm
+from clustertrain.launch.slurmcli import require_slurm, run_slurm
 from clustertrain.project import Project
 from clustertrain.core.run_paths import RunPaths, write_atomic
 from clustertrain.core.run_records import RunStatus, is_completed, read_status
 from clustertrain.core.states import State
 
 if TYPE_CHECKING:
+    from clustertrain.core.run_lease import Taken
     from clustertrain.launch.prepare import RunSpec
 
 POLL_S = 0.2
@@ -80,8 +81,10 @@ class SlurmLauncher:
     """Submits and tracks Slurm batch jobs (one per model's run)."""
 
     def __init__(self, env: Mapping[str, str] | None = None, launch: LaunchConfig | None = None,
-                 jobcomp_path: Path | None = None, submit_command: str | None = None) -> None:
+                 jobcomp_path: Path | None = None, submit_command: str | None = None,
+                 unreachable: str | None = None) -> None:
         self.env = dict(env or {})
+        self.unreachable = unreachable  # why no controller answers (a status check found it): status() asks nothing
         self.launch = launch
         self.jobcomp_path = jobcomp_path
         self.submit_command = submit_command
@@ -90,10 +93,12 @@ class SlurmLauncher:
     # -- the Launcher protocol --------------------------------------------------------------------
 
     def submit(self, spec: "RunSpec") -> str:
-        return self.submit_request(spec.paths, self.request_for(spec.project, spec))
+        return self.submit_request(spec.paths, self.request_for(spec.project, spec), lease=spec.lease)
 
     def status(self, job_id: str) -> JobStatus:
         paths = self.runs.get(str(job_id))
+        if self.unreachable:
+            raise LaunchError(self.unreachable)
         try:
             state = query_job(job_id, self.env, jobcomp_path=self.jobcomp_path)
         except JobGone:
@@ -147,9 +152,11 @@ class SlurmLauncher:
                              data=spec.data,
                              submit_command=self.submit_command, exclude=exclude)
 
-    def submit_request(self, paths: RunPaths, request: SbatchRequest, text: str | None = None) -> str:
+    def submit_request(self, paths: RunPaths, request: SbatchRequest, text: str | None = None,
+                       lease: "Taken | None" = None) -> str:
         """Write the script of ``request`` (``text``: that script as already rendered), sbatch it, record the job;
-        return the job id."""
+        return the job id. ``lease``: this process's lease on the run directory (``RunSpec.lease``), handed to the job
+        once it is queued (:mod:`clustertrain.core.run_lease`)."""
         script = new_script_path(paths)
         write_atomic(script, render_script(request) if text is None else text)
         request.log_dir.mkdir(parents=True, exist_ok=True)  # Slurm does not create the output directory
@@ -162,6 +169,8 @@ class SlurmLauncher:
         add_record(paths, JobRecord(job_id=job_id, model=request.model, job_name=request.job_name,
                                     script=str(final), output=str(request.output_for(job_id)), submitted=time.time()))
         self.runs[job_id] = paths
+        if lease is not None:
+            lease.hand_to_job(job_id)  # the run directory is the job's now (and its chain's)
         return job_id
 
     def attach(self, paths: RunPaths, job_id: str | None = None) -> str:
@@ -222,6 +231,24 @@ def state_from_run(paths: RunPaths, job_id: str) -> JobState:
                     restarts=record.restarts, source="run-dir")
 
 
+def slurm_problem(project: Project, env: Mapping[str, str] | None = None) -> str | None:
+    """For a ``backend: slurm`` project, why no Slurm controller answers (one line naming SLURM_CONF and the fix,
+    :func:`~clustertrain.launch.slurmcli.slurm_unreachable`); None when one does or the project runs locally."""
+    from clustertrain.launch.slurmcli import slurm_unreachable
+
+    return slurm_unreachable(env) if project.cluster.backend == "slurm" else None
+
+
+def require_reachable(project: Project, env: Mapping[str, str] | None = None) -> None:
+    """:class:`~clustertrain.launch.slurmcli.SlurmUnreachable` (one line) when :func:`slurm_problem` finds one:
+    what ``logs`` and ``cancel`` run before anything else."""
+    from clustertrain.launch.slurmcli import SlurmUnreachable
+
+    problem = slurm_problem(project, env)
+    if problem:
+        raise SlurmUnreachable(problem)
+
+
 @dataclass
 class Submitted:
     model: str
@@ -235,7 +262,8 @@ def submit_project(project: Project, model: str | None, run_dir: Path | None, re
                    launcher: SlurmLauncher, dry_run: bool = False) -> list[Submitted]:
     """Submit one job per model (``model``: just that one), each on its node count
     (:func:`clustertrain.plan.node_counts.nodes_for`). Refused, before anything is written, when the plan finds a
-    chosen model infeasible for its framework or a launch check fails (one line per problem, naming the field).
+    chosen model infeasible for its framework or a launch check fails (one line per problem, naming the field), or
+    when no Slurm controller answers (:func:`~clustertrain.launch.slurmcli.require_slurm`, one line).
     Every run is prepared (and so checked) before the first sbatch; the jobs are queued back to back and run
     concurrently when the cluster has room. ``dry_run`` renders the scripts without touching a run directory or
     the cluster (after the same checks)."""
@@ -257,16 +285,32 @@ def submit_project(project: Project, model: str | None, run_dir: Path | None, re
 
     from clustertrain.launch.exclusion import exclusions
 
-    specs = [prepare_run(project, e, run_dir_for(project, e, run_dir, several), resume=resume) for e in entries]
-    excluded = {spec.entry.name: exclusions(project, launcher.env, nodes[spec.entry.name]) for spec in specs}
-    requests = [launcher.request_for(project, spec, nodes=nodes[spec.entry.name],
-                                     exclude=tuple(excluded[spec.entry.name].exclude)) for spec in specs]
-    out = []
-    for spec, request in zip(specs, requests):
-        job_id = launcher.submit_request(spec.paths, request)
-        out.append(Submitted(spec.entry.name, spec.paths.root, job_id, str(find_record(spec.paths, job_id).script),
-                             tuple(excluded[spec.entry.name].notes)))
-    return out
+    require_slurm(launcher.env)  # no controller: one line, before a run directory is prepared or a script written
+
+    from clustertrain.core.run_lease import squeue_state
+
+    def slurm_state(job: str) -> str | None:  # the lease's holder, asked of this launcher's cluster
+        return squeue_state(job, dict(launcher.env))
+
+    specs: list[RunSpec] = []
+    try:  # each run directory's lease is this process's until its job is queued, then the job's
+        for e in entries:
+            specs.append(prepare_run(project, e, run_dir_for(project, e, run_dir, several), resume=resume,
+                                     command="submit", slurm_state=slurm_state))
+        excluded = {spec.entry.name: exclusions(project, launcher.env, nodes[spec.entry.name]) for spec in specs}
+        requests = [launcher.request_for(project, spec, nodes=nodes[spec.entry.name],
+                                         exclude=tuple(excluded[spec.entry.name].exclude)) for spec in specs]
+        out = []
+        for spec, request in zip(specs, requests):
+            job_id = launcher.submit_request(spec.paths, request, lease=spec.lease)
+            notes = tuple(n for n in (spec.lease.note if spec.lease else None,) if n)
+            out.append(Submitted(spec.entry.name, spec.paths.root, job_id, str(find_record(spec.paths, job_id).script),
+                                 notes + tuple(excluded[spec.entry.name].notes)))
+        return out
+    finally:
+        for spec in specs:
+            if spec.lease is not None:
+                spec.lease.release()  # a run whose sbatch never happened is nobody's again
 
 
 def check_submittable(project: Project, models: list[str], launch: LaunchConfig | None = None) -> dict[str, int]:

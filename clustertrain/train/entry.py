@@ -47,6 +47,7 @@ def run_rank(run_dir: Path, model_name: str) -> int:
     stop = StopRequest().install()
     paths = RunPaths(Path(run_dir))
     env = RankEnv.from_environ()
+    _check_lease(paths, env)  # before this rank writes anything in the run directory
     project = load_resolved(paths, env.rank)
     entry = project.model(model_name)
     beacon = Beacon(paths, env.rank, node_name(), project.monitor.heartbeat_s, job=job_id()).start()
@@ -124,6 +125,24 @@ def _train(project, entry, paths: RunPaths, env, stop, beacon) -> int:
         outcome.backup = fields["backup"]
         write_status(paths, outcome, backup)
     return EXIT_OK
+
+
+def _check_lease(paths: RunPaths, env) -> None:
+    """Ranks that srun started (a Slurm job's step), train only in a run directory leased to this job or its chain (:mod:`clustertrain.core.run_lease`):
+    rank 0 checks (and takes over a lease whose holder has ended); the others wait, reading, until it names the job.
+    A refusal is one line; ``srun --kill-on-bad-exit`` then stops the other ranks."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if env.source != "slurm" or not job:
+        return  # the local launcher (or torchrun) that started the ranks holds the lease
+    from clustertrain.core.run_lease import LEASE_JOB_ENV, check_for_job, wait_for_job
+
+    chain = os.environ.get(LEASE_JOB_ENV) or None
+    if env.rank == 0:
+        note = check_for_job(paths, job, chain)
+        if note:
+            _log(note)
+    else:
+        wait_for_job(paths, job, chain)
 
 
 def _lost_peer(error: BaseException | None) -> str:

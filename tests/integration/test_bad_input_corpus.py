@@ -208,11 +208,12 @@ CASES = [
           "give the path of a tokenizer.json"),
          {"p.yaml": edit("tokenizer: byte", "tokenizer: tok/tokenizer.json")}),
     project_case("missing-tokenizer-run", edit("tokenizer: byte", "tokenizer: tok/tokenizer.json"),
-                 ("p.yaml", "models.tiny.data.tokenizer", "does not exist"),
-                 xfail=f"{DATA}: the line says `data.tokenizer`, naming neither the project file nor the model"),
+                 ("p.yaml:7: models.tiny.data.tokenizer:", "does not exist", "give the path of a tokenizer.json")),
     project_case("missing-source-run", edit('source: "builtin:shakespeare"', "source: corpus.jsonl"),
-                 ("p.yaml", "models.tiny.data.source", "no such file"),
-                 xfail=f"{DATA}: the line names `--input` (a `data prepare` flag), not models.tiny.data.source"),
+                 ("p.yaml:7: models.tiny.data.source:", "no such file", "give a prepared prefix"), refuse=("--input",)),
+    project_case("typo-hides-a-required-key", edit("max_steps: 1,", "max_step: 1,"),
+                 ("p.yaml:8: models[0].training.max_step: unknown key; did you mean `max_steps`?", "valid keys here:"),
+                 refuse=("required key is missing",)),
     Case("broken-source-run", run_case(), ("corpus.jsonl:2: not valid JSON",),
          {"p.yaml": edit('source: "builtin:shakespeare"', "source: corpus.jsonl"),
           "corpus.jsonl": '{"text": "a"}\n{"te\n'},
@@ -352,6 +353,31 @@ CASES = [
          ("data", "train-tokenizer", "-i", "c.txt", "--vocab-size", "300", "-o", "tok/tokenizer.json"),
          ("tok/tokenizer_config.json already exists and differs", "remove it and run again"),
          {"c.txt": "other words entirely " * 20}, setup=tokenizer_dir(DIFFERENT_CONFIG)),
+    # -- one writer per run directory: a job's lease that no Slurm controller can confirm ended (none reachable here) -----
+    Case("run-dir-leased-to-a-job", run_case(),
+         ("runs/corpus/tiny: leased to Slurm job 12345", "no Slurm controller answers",
+          'eval "$(clustertrain local-slurm env)"', "remove", "runs/corpus/tiny/lease.json"),
+         {"p.yaml": BASE, "runs/corpus/tiny/lease.json": json.dumps(
+             {"version": 1, "clustertrain": "0.1.0", "kind": "slurm", "host": "head", "pid": 7, "job": "12345",
+              "since": 1795000000.0, "command": "submit"})}),
+    # -- no Slurm controller to reach (this process has no SLURM_CONF, the machine no /etc/slurm/slurm.conf) --------
+    *[Case(f"slurm-unreachable-{'-'.join(argv[:2]) if argv[0] in ('validate', 'image') else argv[0]}", argv,
+           ("Slurm not reachable: `scontrol ping` with SLURM_CONF unset", 'eval "$(clustertrain local-slurm env)"'),
+           {"p.yaml": edit("cluster: {backend: local, gpus_per_node: 0, procs_per_node: 2}",
+                           "cluster: {backend: slurm, nodes: 2, gpus_per_node: 0, procs_per_node: 1, threads_per_worker: 1}")})
+      for argv in (("submit", "p.yaml"), ("logs", "p.yaml"), ("cancel", "p.yaml"), ("validate", "suite", "p.yaml"),
+                   ("image", "check", "p.yaml", "--no-container"))],
+    # -- the local Slurm: which cluster, and one started elsewhere -------------------------------------------------
+    Case("local-slurm-bad-name", ("local-slurm", "up", "--name", "Bad Name"),
+         ("--name 'Bad Name' must be 1-40 lowercase letters", "e.g. --name ci-1"), {}),
+    Case("local-slurm-name-and-state-dir", ("local-slurm", "down", "--name", "a", "--state-dir", "st"),
+         ("--name a and --state-dir st both say which cluster", "give one"), {}),
+    *[Case(f"local-slurm-{action}-another-hosts-cluster", ("local-slurm", action, "--state-dir", "st"),
+           ("/st was started on host other-host (started by alice (uid 1001", "local-slurm down --state-dir", "on other-host"),
+           {"st/cluster.json": json.dumps({"version": 1, "owner": {"pid": 7, "uid": 1001, "user": "alice",
+                                                                 "host": "other-host", "started": "2026-11-27T09:00:00"},
+                                           "spec": {"nodes": 2}, "pids": {"slurmctld": 1}})})
+      for action in ("up", "down")],
 ]
 E2E = ("yaml-syntax", "set-bad-type", "data-broken-line", "manifest-truncated", "cluster-list")
 

@@ -174,7 +174,7 @@ def test_hostile_job_name_and_paths_run_safely(local_slurm, slurm_project, tmp_p
     run_dir = tmp_path / "a 0" / "a\"=0\"" / HOSTILE_NAME
     spec = prepare_run(project, project.models[0], run_dir)
     slurm = launcher(local_slurm)
-    job_id = slurm.submit_request(spec.paths, slurm.request_for(project, spec, job_name=HOSTILE_NAME))
+    job_id = slurm.submit_request(spec.paths, slurm.request_for(project, spec, job_name=HOSTILE_NAME), lease=spec.lease)
     final = slurm.wait(job_id, timeout=90)
     assert final.state == "COMPLETED", (final, tail(slurm, job_id))
     assert query_job(job_id, local_slurm.env()).name == HOSTILE_NAME

@@ -157,6 +157,7 @@ def test_slurm_style_environment_starts_the_entry_point(tiny_project, tmp_path):
     spec = prepare_run(project, project.models[0], tmp_path / "run")
     base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     job_id = str(30000 + os.getpid() % 5000)
+    spec.lease.hand_to_job(job_id)  # as `submit` does once sbatch has queued the job
     procs = []
     for rank in range(2):
         env = dict(base, SLURM_PROCID=str(rank), SLURM_NTASKS="2", SLURM_LOCALID=str(rank), SLURM_JOB_ID=job_id,

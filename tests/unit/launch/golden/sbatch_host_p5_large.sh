@@ -162,6 +162,7 @@ if [ -z "$stop_signal" ] && [ -z "$terminated" ] && [ "$rc" -ne 0 ] && [ -e "$VE
         echo "clustertrain: $reason"
         echo "clustertrain: submitting the job again (restart $((RESTARTS + 1)) of $MAX_RESTARTS)${exclude:+ without $exclude}; it resumes from the latest checkpoint"
         if next_job=$(CLUSTERTRAIN_RESTARTS=$((RESTARTS + 1)) CLUSTERTRAIN_EXCLUDED="$exclude" \
+                CLUSTERTRAIN_LEASE_JOB="${CLUSTERTRAIN_LEASE_JOB:-$SLURM_JOB_ID}" \
                 sbatch --parsable --export=ALL ${exclude:+--exclude="$exclude"} "$SCRIPT"); then
             next_job="${next_job%%;*}"
             echo "clustertrain: job $next_job continues this run"

@@ -122,14 +122,10 @@ def node_names(args: list[str]) -> list[str]:
 def suspects_file(project: "Project") -> Path:
     """The project's list; refused when it lies on a cluster mount this machine does not have (reading would say
     "none", writing would make a local file no job reads)."""
-    from clustertrain.core.storage_layout import mount_of, storage_layout
+    from clustertrain.core.storage_layout import require_mounted, storage_layout
 
-    layout = storage_layout(project)
-    path = layout.suspects_file()
-    mount = mount_of(str(path), layout.mounts) if project.aws is not None else None
-    if mount is not None and not Path(mount).is_dir():
-        raise RunDirError(f"{path} is on the cluster's {mount}, which is not mounted on this machine: run "
-                          "`clustertrain nodes` on the head node")
+    path = storage_layout(project).suspects_file()
+    require_mounted(project, path, "the suspect-node list", "clustertrain nodes")
     return path
 
 

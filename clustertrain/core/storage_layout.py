@@ -155,6 +155,28 @@ def mount_of(path: str | Path, mounts: list[str] | tuple[str, ...]) -> str | Non
     return max(inside, key=len) if inside else None
 
 
+def unmounted_here(project: "Project", path: str | Path) -> str | None:
+    """The cluster mount (``aws.fsx``/``aws.ebs``) that holds ``path`` when this machine does not have it, else None
+    (a local project, a path on no cluster mount, or the mount is here)."""
+    if project.aws is None:
+        return None
+    mount = mount_of(str(path), storage_layout(project).mounts)
+    return mount if mount is not None and not Path(mount).is_dir() else None
+
+
+def require_mounted(project: "Project", path: str | Path, what: str, where: str) -> None:
+    """:class:`~clustertrain.core.errors.RunDirError` (one line) when ``path`` lies on a cluster mount this machine does
+    not have: writing there would make a local directory no job sees (reading would find nothing). ``what`` names
+    the path, ``where`` the command to run on the head node instead."""
+    mount = unmounted_here(project, path)
+    if mount is not None:
+        from clustertrain.core.errors import RunDirError
+
+        raise RunDirError(f"{path} is on the cluster's {mount}, which is not mounted on this machine: {what} written "
+                          f"here would be a local copy no job sees, so nothing was written; run `{where}` on the head "
+                          f"node (or a node that mounts {mount})")
+
+
 def off_mount_problems(project: "Project", extra: dict[str, str | Path | None] | None = None) -> list[tuple[str, str]]:
     """``(field, message)`` for every job path of a cluster project that is not on a shared mount.
 

@@ -39,7 +39,7 @@ from clustertrain.core.errors import ImageError
 from clustertrain.image.paths import ImageRef, image_ref
 from clustertrain.image.squashfs import verify_sqsh
 from clustertrain.image.versions import check_versions, load_compat, load_versions
-from clustertrain.core.storage_layout import mount_of, off_mount_problems, storage_layout
+from clustertrain.core.storage_layout import mount_of, off_mount_problems, storage_layout, unmounted_here
 
 if TYPE_CHECKING:
     from clustertrain.project import Project
@@ -181,10 +181,9 @@ def dir_problem(path: Path) -> str | None:
 
 def images_dir_problem(project: "Project", images: Path) -> str | None:
     """The images directory must exist or be creatable here; on a cluster, its file system must be mounted."""
-    if project.aws is not None:
-        mount = mount_of(images, storage_layout(project).mounts)
-        if mount is not None and not Path(mount).is_dir():
-            return f"{mount} (the shared file system of {images}) is not mounted on this machine: {HEAD_NODE_HINT}"
+    mount = unmounted_here(project, images)
+    if mount is not None:
+        return f"{mount} (the shared file system of {images}) is not mounted on this machine: {HEAD_NODE_HINT}"
     problem = dir_problem(images)
     return f"image.dir: {problem}" if problem else None
 

@@ -219,7 +219,7 @@ class Report:
 def gather(path: Path, overrides: list[str] | None = None) -> Report:
     """The report of ``path``: a run directory (with ``run.json``) or a project file (every model's run directory
     from the storage layout; ``overrides`` are its ``--set`` items). Anything else is one :class:`RunDirError`."""
-    from clustertrain.core.storage_layout import storage_layout
+    from clustertrain.core.storage_layout import require_mounted, storage_layout
     from clustertrain.project import read_project
 
     path, now = Path(path), time.time()
@@ -238,6 +238,7 @@ def gather(path: Path, overrides: list[str] | None = None) -> Report:
                           "written by `clustertrain run`/`submit` or the project's YAML file")
     project = read_project(path, overrides or [])
     layout = storage_layout(project)
+    require_mounted(project, layout.outputs, "the run report", f"clustertrain report {path}")
     plan = _plan(project)
     models = [gather_model(RunPaths(layout.run_dir(e.name)), e.name, project, plan, now=now) for e in project.models]
     return Report(project.name, path, layout.outputs / project.name / "report.html", models, now,

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from clustertrain.core.errors import LaunchError
 from clustertrain.launch.batch import batch_state, cancel_job, submit_script
-from clustertrain.core.storage_layout import off_mount_problems, storage_layout
+from clustertrain.core.storage_layout import off_mount_problems, require_mounted, storage_layout
 from clustertrain.project import Project
 from clustertrain.core.run_paths import write_atomic
 from clustertrain.core.states import State
@@ -122,6 +122,8 @@ def run_suite(project: Project, cfg: SuiteConfig, env: Mapping[str, str] | None 
     is one line (:func:`~clustertrain.launch.slurmcli.require_slurm`) before the suite directory is made."""
     from clustertrain.launch.slurmcli import require_slurm
 
+    require_mounted(project, storage_layout(project).validation_dir(), "the validation suite's results",
+                    f"clustertrain validate suite {project.file or 'PROJECT'}")
     require_slurm(env)
     paths = new_suite_dir(project)
     ctx = suite_context(project, cfg, paths, thresholds)

@@ -354,6 +354,13 @@ CASES = [
          ("tok/tokenizer_config.json already exists and differs", "remove it and run again"),
          {"c.txt": "other words entirely " * 20}, setup=tokenizer_dir(DIFFERENT_CONFIG)),
     # -- one writer per run directory: a job's lease that no Slurm controller can confirm ended (none reachable here) -----
+    # -- nothing written under a cluster mount this machine does not have (the seed scenario's /fsx/...) ------------
+    Case("validate-suite-off-the-cluster", ("validate", "suite", "aws.yaml", "--nodes", "2"),
+         ("/validation is on the cluster's /fsx/checkpoints, which is not mounted on this machine",
+          "nothing was written", "run `clustertrain validate suite"), {"aws.yaml": aws_project()}),
+    Case("report-off-the-cluster", ("report", "aws.yaml"),
+         ("is on the cluster's /fsx/", "which is not mounted on this machine", "run `clustertrain report"),
+         {"aws.yaml": aws_project()}),
     Case("run-dir-leased-to-a-job", run_case(),
          ("runs/corpus/tiny: leased to Slurm job 12345", "no Slurm controller answers",
           'eval "$(clustertrain local-slurm env)"', "remove", "runs/corpus/tiny/lease.json"),

@@ -26,6 +26,7 @@ from typer.testing import CliRunner
 from clustertrain.cli import app
 from clustertrain.project import apply_override
 from tests.unit.cloud.conftest import scenario_raw
+from tests.support.files import snapshot
 
 BASE = """name: corpus
 cluster: {backend: local, gpus_per_node: 0, procs_per_node: 2}
@@ -403,16 +404,6 @@ def materialize(case: Case, where: Path) -> None:
         path.write_bytes(content if isinstance(content, bytes) else content.encode())
     if case.setup:
         case.setup(where)
-
-
-def snapshot(root: Path) -> dict[str, str]:
-    """Every file and directory below ``root``: content hash and mtime (a rewrite with equal bytes counts too)."""
-    out = {}
-    for p in sorted(root.rglob("*")):
-        st = p.lstat()
-        digest = "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
-        out[str(p.relative_to(root))] = f"{digest} {st.st_mtime_ns}"
-    return out
 
 
 def check_outcome(case: Case, code: int, out: str, err: str) -> None:

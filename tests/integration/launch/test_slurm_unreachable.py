@@ -7,7 +7,6 @@ SLURM_CONF at all (this machine has no /etc/slurm/slurm.conf, so the client find
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import time
@@ -23,6 +22,7 @@ from clustertrain.core.run_records import RunStatus, write_status_record
 from clustertrain.core.states import State
 from clustertrain.launch.slurm_cluster_procs import free_ports
 from clustertrain.launch.slurmcli import LOCAL_ENV_FIX, slurm_unreachable
+from tests.support.files import snapshot
 
 PROJECT = """name: unreach
 cluster: {backend: slurm, nodes: 2, gpus_per_node: 0, procs_per_node: 1, threads_per_worker: 1}
@@ -45,15 +45,6 @@ REFUSING = [("submit", "p.yaml", "--run-dir", "run"), ("logs", "p.yaml", "--run-
             ("image", "check", "p.yaml", "--no-container")]
 
 pytestmark = pytest.mark.skipif(shutil.which("scontrol") is None, reason="needs the Slurm client (slurm-client)")
-
-
-def snapshot(root: Path) -> dict[str, str]:
-    out = {}
-    for p in sorted(root.rglob("*")):
-        st = p.lstat()
-        digest = "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
-        out[str(p.relative_to(root))] = f"{digest} {st.st_mtime_ns}"
-    return out
 
 
 @pytest.fixture(params=["dead-port", "no-conf"])

@@ -4,7 +4,6 @@ record, ClusterName, and how `down` finds (and stops) the cluster's processes. N
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -21,15 +20,7 @@ from clustertrain.core.errors import LaunchError
 from clustertrain.launch.slurm_cluster import LocalSlurmCluster
 from clustertrain.launch.slurm_cluster_paths import state_dir_for
 from clustertrain.launch.slurm_cluster_procs import cluster_processes, stop_processes
-
-
-def snapshot(root: Path) -> dict[str, str]:
-    out = {}
-    for p in sorted(root.rglob("*")):
-        st = p.lstat()
-        digest = "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
-        out[str(p.relative_to(root))] = f"{digest} {st.st_mtime_ns}"
-    return out
+from tests.support.files import snapshot
 
 
 def foreign_record(root: Path) -> Path:

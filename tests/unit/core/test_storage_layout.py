@@ -19,7 +19,7 @@ from clustertrain.core.storage_layout import mount_of, off_mount_problems, proje
 from clustertrain.project import validate_project
 from clustertrain.resolve import load_project
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 FSX3 = [
     {"name": "fsx-data", "mount_dir": "/fsx/data", "holds": ["datasets"]},

@@ -22,7 +22,7 @@ from clustertrain.core.ranks import (
     port_for_job,
 )
 
-CAPTURED = Path(__file__).parent / "launch" / "fixtures" / "hostnames.txt"
+CAPTURED = Path(__file__).parents[1] / "launch" / "fixtures" / "hostnames.txt"
 
 
 def captured_hostlists() -> list[str]:

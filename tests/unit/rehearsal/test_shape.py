@@ -13,7 +13,7 @@ from clustertrain.rehearsal.shape import cluster_shape, gpu_type, with_nodes
 from clustertrain.project import validate_project
 from clustertrain.resolve import load_project
 
-FLAGSHIP = Path(__file__).resolve().parents[4] / "examples" / "p5e-80x7.yaml"
+FLAGSHIP = Path(__file__).resolve().parents[3] / "examples" / "p5e-80x7.yaml"
 
 
 def test_flagship_shape_is_pclusters_static_nodes_with_the_instance_facts():

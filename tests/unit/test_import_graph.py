@@ -410,3 +410,14 @@ def test_no_two_modules_share_a_stem_that_names_different_concepts():
                              "justify the stem in SHARED_STEMS): " + "; ".join(f"{s}: {', '.join(n)}" for s, n in sorted(unexplained.items())))
     stale = sorted(set(SHARED_STEMS) - set(shared))
     assert not stale, f"SHARED_STEMS that no two modules share any more (remove them): {stale}"
+
+
+def test_the_architecture_page_shows_the_direction_table():
+    """docs/architecture.md draws FLOORS for people: the same rooms on the same floors, so the two cannot drift."""
+    import re
+
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    rows = re.findall(r"^\| (\d+) \| (.+?) \| .+ \|$", doc, flags=re.M)
+    shown = [tuple(sorted(re.sub(r"[`/]|\.py", "", name).strip() for name in rooms.split(","))) for _, rooms in rows]
+    expected = [tuple(sorted(rooms)) for rooms in FLOORS if rooms != ("__main__",)]
+    assert shown == expected, f"docs/architecture.md's floors {shown} differ from FLOORS {expected}"

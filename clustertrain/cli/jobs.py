@@ -125,7 +125,7 @@ def logs(
     job: Optional[str] = typer.Option(None, "--job", help="This job id (default: the model's newest job)."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines until the job has ended."),
 ) -> None:
-    """Print (or follow) the Slurm output file of a model's job."""
+    """Print (or follow) the Slurm output file of a model's job (a job still queued: one line on stderr says so)."""
     from clustertrain.core.errors import LaunchError
     from clustertrain.launch import SlurmLauncher
     from clustertrain.launch.slurm import require_reachable
@@ -137,6 +137,9 @@ def logs(
         raise LaunchError(f"the project has {len(runs)} models; choose one with --model ({', '.join(n for n, _ in runs)})")
     launcher = SlurmLauncher()
     job_id = launcher.attach(runs[0][1], job)
+    queued = launcher.queued_line(job_id, follow)
+    if queued:
+        typer.echo(f"{runs[0][0]}: {queued}", err=True)
     for line in launcher.logs(job_id, follow=follow):
         typer.echo(line)
 

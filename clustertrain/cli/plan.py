@@ -29,7 +29,7 @@ def plan_command(
 ) -> None:
     """Plan a project: cluster totals, memory per GPU, time and cost per model, node allocation."""
     from clustertrain.plan.plan import make_plan
-    from clustertrain.plan.render import render_plan
+    from clustertrain.plan.render import render_plan, terminal_width
 
     project = load_project(project_file, set_)
     calibration = None
@@ -40,5 +40,5 @@ def plan_command(
 
         calibration = run_calibration(project)
     plan = make_plan(project, calibration)
-    typer.echo(render_plan(plan, format).rstrip("\n"))
+    typer.echo(render_plan(plan, format, terminal_width()).rstrip("\n"))
     raise typer.Exit(0 if plan.feasible else INFEASIBLE_EXIT)

@@ -34,7 +34,9 @@ def run(
     outcomes = run_project(project, model, run_dir, resume=not no_resume, console=console)
     code = 0
     for o in outcomes:
-        if o.state == "COMPLETED":
+        if o.already:  # nothing to train: nothing was started
+            typer.echo(o.message)
+        elif o.state == "COMPLETED":
             console.print(f"[green]completed[/] {o.model}: step {o.step}, checkpoint {o.checkpoint}, metrics {o.run_dir / 'metrics.jsonl'}")
             if o.backup:
                 console.print(f"backed up to {o.backup}")

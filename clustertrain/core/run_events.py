@@ -13,7 +13,9 @@ sampler: GPU events; one writer per file, so no two nodes append to one file on 
 Kinds (:class:`EventKind`): ``nonfinite`` (error: the run stopped), ``loss_spike``, ``throughput_drop``,
 ``straggler``, ``stop_signal``, ``preempt_save`` (``value``: seconds from the signal to the committed checkpoint,
 ``threshold``: the seconds the signal gave), ``checkpoint`` (``value``: seconds training stalled for the save,
-``threshold``: seconds until it was committed) (rank 0); ``gpu_temperature``, ``gpu_throttle``, ``gpu_ecc``,
+``threshold``: seconds until it was committed) (rank 0); severities: ``info`` for the routine ones (``checkpoint``,
+``stop_signal``, a ``preempt_save`` that landed within the signal's grace), ``warning`` for a late ``preempt_save``
+and the alarms, ``error`` where the run stopped or a GPU failed; ``gpu_temperature``, ``gpu_throttle``, ``gpu_ecc``,
 ``gpu_xid``, ``sampler_failed`` (the sampler); ``hang``, ``rank_lost``, ``node_suspect`` (the watchdog,
 :mod:`clustertrain.monitor.hang_watchdog`).
 
@@ -82,6 +84,7 @@ class EventKind(StrEnum):
 
 
 class Severity(StrEnum):
+    INFO = "info"          # routine: a checkpoint committed, a stop signal, a preemption save that landed
     WARNING = "warning"
     ERROR = "error"
 
@@ -92,7 +95,7 @@ class Event(StoredModel):
     version: int = Field(1, description="Number of the record's format.")
     time: float = Field(default_factory=time.time, description="When it happened (Unix seconds).")
     kind: str = Field(..., description="An EventKind (kept as text: a newer clustertrain may add kinds).")
-    severity: Severity = Field(Severity.WARNING, description="warning | error.")
+    severity: Severity = Field(Severity.WARNING, description="info | warning | error.")
     step: int | None = Field(None, description="The training step it is about.")
     message: str = Field(..., description="One line for people.")
     rank: int | None = Field(None, description="The rank it is about.")

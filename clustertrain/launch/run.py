@@ -1,4 +1,8 @@
-"""``clustertrain run``: prepare and run the models of a project with the project's backend."""
+"""``clustertrain run``: prepare and run the models of a project with the project's backend.
+
+A run that has nothing left to train (its ``COMPLETED`` marker is there and it reached ``training.max_steps``:
+:func:`completed_step`) is not prepared or started again when resuming: its outcome says so in one line
+(``RunOutcome.already``), and nothing is written (no attempt in ``usage.json``, no restart counted)."""
 
 from __future__ import annotations
 
@@ -7,12 +11,13 @@ from pathlib import Path
 
 from rich.console import Console
 
-from clustertrain.core.errors import LaunchError
+from clustertrain.core.errors import ClusterTrainError, LaunchError
 from clustertrain.launch.follow import follow_local
 from clustertrain.launch.local import LocalLauncher
 from clustertrain.launch.prepare import RunSpec, prepare_run, run_dir_for
-from clustertrain.project import ModelEntry, Project
-from clustertrain.core.run_records import read_status, record_failure
+from clustertrain.project import ModelEntry, Project, architecture_fingerprint
+from clustertrain.core.run_paths import RunPaths
+from clustertrain.core.run_records import is_completed, read_run_info, read_status, record_failure
 from clustertrain.core.states import State
 
 
@@ -26,6 +31,7 @@ class RunOutcome:
     step: int | None = None
     checkpoint: str | None = None
     backup: str | None = None
+    already: bool = False  # it had completed before: nothing was started (``message`` says so)
 
 
 def run_project(project: Project, model: str | None, run_dir: Path | None, resume: bool,
@@ -41,7 +47,13 @@ def run_project(project: Project, model: str | None, run_dir: Path | None, resum
     several = len(entries) > 1
     outcomes = []
     for entry in entries:
-        spec = prepare_run(project, entry, run_dir_for(project, entry, run_dir, several), resume=resume, console=console)
+        root = run_dir_for(project, entry, run_dir, several)
+        done = completed_step(RunPaths(root), project, entry) if resume else None
+        if done is not None:  # before prepare_run: nothing is written, no rank starts
+            line = already_completed_line(entry.name, done, root)
+            outcomes.append(RunOutcome(entry.name, root, State.COMPLETED, 0, line, done, already=True))
+            continue
+        spec = prepare_run(project, entry, root, resume=resume, console=console)
         try:
             outcome = _run_one(project, entry, spec, console)
         finally:
@@ -51,6 +63,34 @@ def run_project(project: Project, model: str | None, run_dir: Path | None, resum
         if outcome.state != State.COMPLETED:
             break
     return outcomes
+
+
+def completed_step(paths: RunPaths, project: Project, entry: ModelEntry) -> int | None:
+    """The step a run completed at, when it has nothing left to train: its ``COMPLETED`` marker is there, its
+    ``run.json`` is this project's model with the same architecture, and its ``status.json`` (a Megatron run: its
+    latest checkpointed iteration) reached ``entry.training.max_steps``; else None (not completed, another project's
+    or architecture's run — :func:`~clustertrain.launch.prepare.prepare_run` says so —, a damaged record, or
+    max_steps raised since)."""
+    if not is_completed(paths):
+        return None
+    try:
+        info, status = read_run_info(paths), read_status(paths)
+    except ClusterTrainError:
+        return None
+    if info is None or (info.project, info.model) != (project.name, entry.name) or \
+            info.fingerprint != architecture_fingerprint(project, entry):
+        return None
+    step = status.step if status is not None and status.state == State.COMPLETED else None
+    if step is None and entry.framework == "megatron":
+        from clustertrain.megatron.backup import latest_iteration
+
+        step = latest_iteration(paths.checkpoints)
+    return step if step is not None and step >= entry.training.max_steps else None
+
+
+def already_completed_line(model: str, step: int, root: Path) -> str:
+    return (f"{model}: already completed at step {step} ({root}); nothing to do — raise training.max_steps to train "
+            "further, or --no-resume to start over")
 
 
 def _run_one(project: Project, entry: ModelEntry, spec: RunSpec, console: Console) -> RunOutcome:

@@ -17,7 +17,11 @@ State mapping to :class:`JobStatus` (a :class:`clustertrain.core.states.State`):
 PENDING; RUNNING/COMPLETING/SUSPENDED -> RUNNING; COMPLETED -> COMPLETED when the run's ``COMPLETED``
 marker is there, STOPPED when its ``status.json`` says the ranks stopped on a signal (restart budget
 spent), else COMPLETED (the batch script exited 0); PREEMPTED -> STOPPED; CANCELLED -> CANCELLED;
-everything else that ended (FAILED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY...) -> FAILED.
+everything else that ended (FAILED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY...) -> FAILED. ``extra["reason"]`` is Slurm's
+``Reason`` (why a pending job waits: ``Resources``, ``Priority``, ``BeginTime``...). ``extra["restarts"]`` is the
+run's restarts so far, the number the batch script prints as ``restart N of at most M``: this job's requeues plus
+the resubmissions before it (a job the batch script submitted after a failure carries on its predecessor's count + 1,
+from that predecessor's end marker: :func:`resubmissions_before`). ``jobs.jsonl`` records a job's own requeues.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import os
 import subprocess
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -35,7 +39,8 @@ from clustertrain.core.errors import LaunchError
 from clustertrain.launch.backend import JobStatus
 from clustertrain.launch.config import LaunchConfig
 from clustertrain.launch.prepare import run_dir_for
-from clustertrain.core.job_records import JobRecord, add_record, find_record, new_script_path, read_end_marker, update_record
+from clustertrain.core.job_records import (JobRecord, add_record, find_record, new_script_path, read_end_marker,
+                                           read_records, update_record)
 from clustertrain.launch.sbatch import SbatchRequest, build_request, render_script
 from clustertrain.launch.slurm_query import JobGone, JobState, parse_kv_line, query_job
 from clustertrain.launch.slurmcli import require_slurm, run_slurm
@@ -74,7 +79,7 @@ def to_job_status(state: JobState, run_status: RunStatus | None = None, complete
     exit_code = state.exit_code if state.exit_code is None or not state.signal else 128 + state.signal
     return JobStatus(state.job_id, mapped, exit_code, detail, {
         "slurm_state": s, "restarts": state.restarts, "nodes": list(state.nodes), "name": state.name,
-        "source": state.source})
+        "source": state.source, "reason": state.reason})
 
 
 class SlurmLauncher:
@@ -105,17 +110,21 @@ class SlurmLauncher:
             if paths is None:
                 raise
             state = state_from_run(paths, str(job_id))
+        before = resubmissions_before(paths, str(job_id)) if paths is not None else 0
+        # the end marker says the batch script's RESTARTS (requeues + resubmissions); every other source, requeues
+        requeues = max(0, state.restarts - before) if state.source == "end-marker" else state.restarts
+        state = replace(state, restarts=requeues + before)
         ended = paths is not None and state.finished
         status = to_job_status(state, read_status(paths) if ended else None, ended and is_completed(paths))
         if paths and state.finished:
             record = find_record(paths, str(job_id))
             if record is not None and record.state != state.state:
                 update_record(paths, str(job_id), state=state.state, exit_code=status.exit_code,
-                              restarts=state.restarts, ended=state.end_time.timestamp() if state.end_time else time.time())
+                              restarts=requeues, ended=state.end_time.timestamp() if state.end_time else time.time())
         elif paths:
             record = find_record(paths, str(job_id))
-            if record is not None and record.restarts != state.restarts:
-                update_record(paths, str(job_id), restarts=state.restarts)
+            if record is not None and record.restarts != requeues:
+                update_record(paths, str(job_id), restarts=requeues)
         return status
 
     def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:
@@ -140,6 +149,25 @@ class SlurmLauncher:
                     yield partial
                 return
             time.sleep(POLL_S)
+
+    def queued_line(self, job_id: str, follow: bool = False) -> str | None:
+        """One line when the job waits in the queue (what ``logs`` says instead of printing nothing): its Slurm
+        reason, its restarts so far and whether it wrote output before (a requeued job appends to the same file);
+        None when it does not wait."""
+        status = self.status(job_id)
+        if status.state != State.PENDING:
+            return None
+        extra = status.extra or {}
+        reason = f" ({extra['reason']})" if extra.get("reason") else ""
+        restarts = int(extra.get("restarts") or 0)
+        again = f" again after restart {restarts}" if restarts else ""
+        try:
+            wrote = self.output_of(job_id).stat().st_size > 0
+        except (OSError, LaunchError):
+            wrote = False
+        said = "its output so far follows" if wrote else "no output yet"
+        then = "following it until the job ends" if follow else "--follow waits for it"
+        return f"job {job_id} is queued{again}{reason}: {said}; {then}"
 
     def cancel(self, job_id: str) -> None:
         self._client(["scancel", str(job_id)])
@@ -207,6 +235,19 @@ class SlurmLauncher:
 
     def _client(self, argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
         return run_slurm(argv, env=self.env, check=check)
+
+
+def resubmissions_before(paths: RunPaths, job_id: str) -> int:
+    """The restarts before job ``job_id`` began: when the batch script of an earlier job of the run submitted it after a
+    failure (that job's end marker names it as ``next_job``), that job's restarts + 1 (the ``CLUSTERTRAIN_RESTARTS``
+    it was given); else 0 (a job ``submit`` queued starts the count afresh)."""
+    for record in read_records(paths):
+        if record.job_id == job_id:
+            continue
+        marker = read_end_marker(paths, record.job_id)
+        if marker is not None and marker.next_job == job_id:
+            return marker.restarts + 1
+    return 0
 
 
 def state_from_run(paths: RunPaths, job_id: str) -> JobState:

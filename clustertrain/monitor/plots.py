@@ -5,7 +5,11 @@ size is exact (the report's ``<img>`` tags and the tests rely on it). Each figur
 an x axis: the training step (:func:`step_figure`, :func:`ranks_figure`) or the time since the run started
 (:func:`telemetry_figure`, :func:`progress_figure`; :class:`Clock`); :func:`goodput_figure` stacks each attempt's
 node-time by part (:mod:`clustertrain.monitor.goodput`). Vertical :class:`Marker` lines show checkpoints (grey, dotted)
-and events (orange for warnings, red for errors) on those axes; a panel with nothing to draw says so in its middle.
+and events (orange for warnings, red for errors) on those axes; events closer together than a label's width (the
+same step, or nearly) share one label (:func:`label_groups`: "straggler x3, loss_spike"), so labels never overprint.
+Every utilisation axis (GPU utilisation, host CPU, MFU) runs from 0 to 100 % and every memory axis from 0 to the
+memory's total, whatever the values: a flat 99.7 % is drawn flat, not as a cliff. A panel with nothing to draw says
+so in its middle.
 
 The functions take plain values (metrics rows, :class:`~clustertrain.core.run_events.TimingRow` lists, the sampler
 rows of :func:`~clustertrain.monitor.samples.read_samples`) and know nothing of run directories: gathering them is
@@ -34,7 +38,7 @@ if TYPE_CHECKING:
 WIDTH, HEIGHT, DPI = 1200, 300, 100
 #: above this many ranks (or GPU series) one line each is unreadable: min / median / max bands instead
 MAX_LINES = 8
-COLORS = {"checkpoint": "#7f7f7f", "warning": "#ff7f0e", "error": "#d62728"}
+COLORS = {"checkpoint": "#7f7f7f", "info": "#7f7f7f", "warning": "#ff7f0e", "error": "#d62728"}
 #: goodput parts in the order an attempt goes through them: (label, colour)
 GOODPUT_PARTS = {"overhead": ("restart overhead", "#1f77b4"), "productive": ("productive", "#2ca02c"),
                  "stall": ("checkpoint stalls", "#9467bd"), "lost": ("lost work", "#d62728"),
@@ -43,6 +47,12 @@ GOODPUT_PARTS = {"overhead": ("restart overhead", "#1f77b4"), "productive": ("pr
 MAX_BAR_LABELS = 12
 SLOW = "#d62728"
 MAX_LABELS = 12  # event labels drawn on one panel (the lines are all drawn)
+#: events whose lines are closer than this many pixels share one label (a rotated 7 pt line is ~10 px wide)
+LABEL_GAP_PX = 16
+#: a shared label longer than this ends in "+N more" (a rotated label must fit the panel's height)
+LABEL_CHARS = 44
+#: the fixed axis of a percentage panel
+PERCENT = (0.0, 100.0)
 
 
 @dataclass(frozen=True)
@@ -67,7 +77,7 @@ class Marker:
 
     x: float
     label: str
-    kind: str  # checkpoint | warning | error
+    kind: str  # checkpoint | info | warning | error
 
 
 @dataclass(frozen=True)
@@ -78,6 +88,7 @@ class Panel:
     ylabel: str
     scale: float = 1.0
     empty: str = ""  # what the panel says when no row has the key
+    limits: tuple[float, float] | None = None  # a fixed y axis (e.g. :data:`PERCENT`), never autoscaled or log
 
 
 def _number(value: Any) -> float | None:
@@ -122,15 +133,51 @@ def _empty(ax: "Axes", text: str) -> None:
 
 
 def _markers(ax: "Axes", markers: Sequence[Marker], scale=lambda x: x) -> None:
-    labelled = 0
+    labelled = []
     for m in markers:
         x = scale(m.x)
         ax.axvline(x, color=COLORS.get(m.kind, COLORS["warning"]), linestyle=":" if m.kind == "checkpoint" else "--",
                    linewidth=0.9, alpha=0.8, zorder=1)
-        if m.kind != "checkpoint" and labelled < MAX_LABELS:
-            ax.text(x, 0.98, f" {m.label}", rotation=90, va="top", ha="right", fontsize=7,
-                    color=COLORS.get(m.kind, COLORS["warning"]), transform=ax.get_xaxis_transform())
-            labelled += 1
+        if m.kind != "checkpoint":
+            labelled.append(Marker(x, m.label, m.kind))
+    for m in label_groups(labelled, _label_gap(ax))[:MAX_LABELS]:
+        ax.text(m.x, 0.98, f" {m.label}", rotation=90, va="top", ha="right", fontsize=7,
+                color=COLORS.get(m.kind, COLORS["warning"]), transform=ax.get_xaxis_transform())
+
+
+def _label_gap(ax: "Axes") -> float:
+    """:data:`LABEL_GAP_PX` in the axis' data units (its width before the layout shrinks it a little: 80 %)."""
+    lo, hi = ax.get_xlim()
+    pixels = ax.get_position().width * WIDTH * 0.8
+    return abs(hi - lo) * LABEL_GAP_PX / pixels if pixels > 0 else 0.0
+
+
+def label_groups(markers: Sequence[Marker], gap: float) -> list[Marker]:
+    """One label per run of markers within ``gap`` of the run's first (in x order): at that first x, naming each kind
+    once with its count ("straggler x3, loss_spike", at most :data:`LABEL_CHARS` characters, then "+N more"), red
+    when one of them is an error. Two labels are then always more than ``gap`` apart."""
+    groups: list[list[Marker]] = []
+    for m in sorted(markers, key=lambda m: m.x):
+        if groups and m.x - groups[-1][0].x <= gap:
+            groups[-1].append(m)
+        else:
+            groups.append([m])
+    out = []
+    for group in groups:
+        counts: dict[str, int] = {}
+        for m in group:
+            counts[m.label] = counts.get(m.label, 0) + 1
+        names = [f"{label} x{n}" if n > 1 else label for label, n in counts.items()]
+        text = names[0]
+        for i, name in enumerate(names[1:], 1):
+            rest = len(names) - i
+            if len(f"{text}, {name}") > LABEL_CHARS - (len(f" +{rest - 1} more") if rest > 1 else 0):
+                text += f" +{rest} more"
+                break
+            text += f", {name}"
+        kind = "error" if any(m.kind == "error" for m in group) else group[0].kind
+        out.append(Marker(group[0].x, text, kind))
+    return out
 
 
 def step_figure(key: str, title: str, rows: Sequence[dict[str, Any]], panels: Sequence[Panel],
@@ -145,7 +192,9 @@ def step_figure(key: str, title: str, rows: Sequence[dict[str, Any]], panels: Se
             _empty(ax, panel.empty or f"no {panel.key} recorded")
             continue
         ax.plot(xs, ys, color="#1f77b4", linewidth=1.4, marker="o" if len(xs) < 30 else None, markersize=3)
-        if ys and all(v > 0 for v in ys if math.isfinite(v)) and _spread(ys) > 30:
+        if panel.limits is not None:
+            ax.set_ylim(*panel.limits)
+        elif ys and all(v > 0 for v in ys if math.isfinite(v)) and _spread(ys) > 30:
             ax.set_yscale("log")
         _markers(ax, markers)
         ax.set_xlabel("step", fontsize=8)
@@ -215,32 +264,37 @@ class Clock:
 
 def telemetry_figure(samples: dict[str, list[dict[str, Any]]], markers: Sequence[Marker], clock: Clock) -> Plot | None:
     """GPU utilisation, memory and power per node (per GPU when few) from the sampler rows; host CPU % and memory
-    when no row has GPU columns. None without rows."""
+    when no row has GPU columns. None without rows. Utilisation axes run from 0 to 100 %, memory axes from 0 to the
+    largest ``memory.total`` / ``host.memory.total`` sampled (scaled to the values when no total was sampled)."""
     rows = [r for node_rows in samples.values() for r in node_rows]
     if not rows:
         return None
     gpu = any(r.get("utilization.gpu") is not None for r in rows)
     if gpu:
-        panels = [("utilization.gpu", "GPU utilisation %", 1.0), ("memory.used", "GPU memory used GiB", 1 / 1024),
-                  ("power.draw", "GPU power W", 1.0)]
+        panels = [("utilization.gpu", "GPU utilisation %", 1.0, PERCENT),
+                  ("memory.used", "GPU memory used GiB", 1 / 1024, _total(rows, "memory.total", 1 / 1024)),
+                  ("power.draw", "GPU power W", 1.0, None)]
         lines = _gpu_lines(samples)
         title, note = "GPU utilisation, memory and power per node", None
     else:
-        panels = [("host.cpu_pct", "host CPU %", 1.0), ("host.memory.used", "host memory used GiB", 1 / 1024)]
+        panels = [("host.cpu_pct", "host CPU %", 1.0, PERCENT),
+                  ("host.memory.used", "host memory used GiB", 1 / 1024, _total(rows, "host.memory.total", 1 / 1024))]
         lines = {node: node_rows for node, node_rows in samples.items() if node_rows}
         title, note = "Host CPU and memory per node", "no GPU columns in the sampler CSVs: host CPU and memory instead"
     fig, axes = _figure(len(panels))
-    for ax, (column, ylabel, scale) in zip(axes, panels):
+    for ax, (column, ylabel, scale, limits) in zip(axes, panels):
         drawn = 0
         for label, line_rows in lines.items():
             xs, ys = series(line_rows, "time", column, scale)
-            if xs:
+            if xs:  # on a fixed axis a line at its top (a CPU pinned at 100 %) is drawn over the frame, not under it
                 ax.plot([clock(x) for x in xs], ys, linewidth=1.1, label=label, marker="o" if len(xs) < 30 else None,
-                        markersize=3)
+                        markersize=3, zorder=3, clip_on=limits is None)
                 drawn += 1
         if not drawn:
             _empty(ax, f"no {column} samples")
             continue
+        if limits is not None:
+            ax.set_ylim(*limits)
         _markers(ax, markers, clock)
         clock.label(ax)
         ax.set_ylabel(ylabel, fontsize=8)
@@ -267,6 +321,12 @@ def _gpu_lines(samples: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[
         out[node] = [{"time": t, **{c: _mean(g, c) for c in ("utilization.gpu", "memory.used", "power.draw")}}
                      for t, g in sorted(by_time.items())]
     return out
+
+
+def _total(rows: list[dict[str, Any]], column: str, scale: float) -> tuple[float, float] | None:
+    """The axis of a memory panel: 0 to the largest total sampled (None without one)."""
+    totals = [v for v in (_number(r.get(column)) for r in rows) if v is not None and v > 0]
+    return (0.0, max(totals) * scale) if totals else None
 
 
 def _mean(rows: list[dict[str, Any]], column: str) -> float | None:

@@ -20,6 +20,9 @@ GPU-hours from ``usage.json``; cost = GPU-hours x the plan's price per GPU-hour)
 summary table across models, the project's goodput over them and its suspect nodes
 (:mod:`clustertrain.monitor.suspects`; for a run directory, the project of its ``config.yaml``).
 
+A project without GPUs (``cluster.gpus_per_node: 0``, CPU workers) is shown in its own units: CPU-hours (its ranks x
+wall-clock hours: what ``usage.json`` counts for it) instead of GPU-hours, memory per rank instead of per GPU.
+
 Where it is written by default (:attr:`Report.default_output`): ``RUN_DIR/report.html`` for a run directory,
 ``<outputs>/<project>/report.html`` for a project (``storage.outputs``, else ``storage.root``: beside the models'
 run directories), always atomically.
@@ -83,6 +86,16 @@ class ModelData:
     plots: list[plots.Plot] = field(default_factory=list)
     incidents: list[dict[str, Any]] = field(default_factory=list)  # every incident.json, oldest first
     goodput_plot: plots.Plot | None = None
+    gpus_per_node: int | None = None         # the project's cluster.gpus_per_node (0: CPU workers; None: unknown)
+
+    @property
+    def cpu(self) -> bool:
+        """Trains on CPU workers: its hours are CPU-hours (ranks x hours) and its memory is per rank."""
+        return self.gpus_per_node == 0
+
+    @property
+    def hours_unit(self) -> str:
+        return "CPU-hours" if self.cpu else "GPU-hours"
 
     @property
     def goodput(self) -> Goodput | None:
@@ -142,9 +155,9 @@ class ModelData:
         rows = [
             ("step time", seconds(p.step_time_s if p else None), seconds(self.step_time_s),
              _ratio(self.step_time_s, p.step_time_s if p else None)),
-            ("memory per GPU", _num(mem_plan, "{:.2f} GiB"), _num(self.memory_gib, "{:.2f} GiB"),
-             _ratio(self.memory_gib, mem_plan)),
-            ("GPU-hours (planned: whole run; measured: so far)", _num(p.gpu_hours if p else None, "{:,.3f}"),
+            ("memory per rank" if self.cpu else "memory per GPU", _num(mem_plan, "{:.2f} GiB"),
+             _num(self.memory_gib, "{:.2f} GiB"), _ratio(self.memory_gib, mem_plan)),
+            (f"{self.hours_unit} (planned: whole run; measured: so far)", _num(p.gpu_hours if p else None, "{:,.3f}"),
              _num(self.gpu_hours, "{:,.3f}"), "-"),
             ("cost (planned: whole run; measured: so far)", _num(p.cost_usd if p else None, "${:,.2f}"),
              _num(self.cost_usd, "${:,.2f}"), "-"),
@@ -206,6 +219,11 @@ class Report:
     models: list[ModelData]
     generated: float = field(default_factory=time.time)
     suspects: list[dict[str, Any]] | None = None  # the project's active suspect nodes (None: no project to ask)
+
+    @property
+    def hours_unit(self) -> str:
+        """The summary's unit: CPU-hours when every model trains on CPU workers, else GPU-hours."""
+        return "CPU-hours" if self.models and all(m.cpu for m in self.models) else "GPU-hours"
 
     @property
     def goodput(self) -> Goodput:
@@ -278,7 +296,8 @@ def gather_model(paths: RunPaths, name: str, project: "Project | None", plan: "P
                  missing: list[str] | None = None, now: float | None = None) -> ModelData:
     """Read one model's run directory (see the module docstring) and draw its figures."""
     now = time.time() if now is None else now
-    m = ModelData(name=name, run_dir=paths.root, missing=list(missing or []))
+    m = ModelData(name=name, run_dir=paths.root, missing=list(missing or []),
+                  gpus_per_node=project.cluster.gpus_per_node if project else None)
     entry = next((e for e in project.models if e.name == name), None) if project else None
     _attach_plan(m, plan)
     # the run's own config.yaml gives max_steps as it was started (its --set included), else the project's
@@ -296,7 +315,7 @@ def gather_model(paths: RunPaths, name: str, project: "Project | None", plan: "P
     m.checkpoints = _checkpoints(paths, m.missing)
     m.incidents = read_incidents(paths)
     for part, present in (("metrics.jsonl", m.metrics), ("timing/rank<R>.jsonl", m.timing),
-                          ("usage.json (no GPU-hours, no cost)", m.usage.attempts),
+                          (f"usage.json (no {m.hours_unit}, no cost)", m.usage.attempts),
                           ("monitor/<node>.csv (no node telemetry)", any(m.samples.values())),
                           ("checkpoints", m.checkpoints)):
         if not present:
@@ -356,7 +375,7 @@ def _figures(m: ModelData) -> list[plots.Plot]:
         plots.step_figure("loss_lr", "Loss and learning rate", m.metrics,
                           [P("loss", "loss"), P("lr", "learning rate")], step_marks),
         plots.step_figure("throughput", "Tokens/s and MFU", m.metrics,
-                          [P("tokens_per_s", "tokens/s"), P("mfu", "MFU %", 100.0, NO_MFU)], step_marks),
+                          [P("tokens_per_s", "tokens/s"), P("mfu", "MFU %", 100.0, NO_MFU, plots.PERCENT)], step_marks),
         plots.step_figure("grad_norm", "Gradient norm and step time", m.metrics,
                           [P("grad_norm", "grad norm"), P("step_time_s", "step time s")], step_marks),
         plots.ranks_figure(m.timing, m.slowest_rank, {r: rows[-1].node for r, rows in m.timing.items()}),

@@ -9,10 +9,12 @@ for a Megatron model, :mod:`clustertrain.megatron.logs` reads ``jobs.jsonl`` for
 A run is a Slurm run when a job is handed in for it (its directory has ``jobs.jsonl``), else a local run:
 
 - **Slurm**: the job's state wins while it is queued or running (PENDING -> queued, RUNNING -> running; either
-  after a requeue, ``extra["restarts"] > 0`` -> requeued). Once it ended, ``status.json`` and the job's end
+  after a restart, ``extra["restarts"] > 0`` -> requeued); a pending job's Slurm ``Reason`` (``extra["reason"]``, else
+  the parenthesis of ``detail``) is ``pending_reason``. Once it ended, ``status.json`` and the job's end
   state (the batch script's end marker, already folded into the JobStatus) tell completed / stopped / failed;
-  CANCELLED, TIMEOUT and every other end count as failed. A job Slurm forgot that left no end marker
-  (``extra["source"] == "run-dir"``) is named in ``missing``; ``status.json`` then decides if it is final.
+  CANCELLED (scancel) is cancelled (``failed`` for the exit code), TIMEOUT and every other end count as failed. A
+  job Slurm forgot that left no end marker (``extra["source"] == "run-dir"``) is named in ``missing``; ``status.json``
+  then decides if it is final.
 - **local**: ``status.json`` (or, when it is older or absent, ``usage.json``'s last attempt): COMPLETED, STOPPED,
   FAILED as written; RUNNING is checked: rank 0 on this host whose pid is gone (or reused by a younger process)
   -> failed, "rank 0 (pid N) is gone without a final state"; on another host -> running, with the age of its last
@@ -21,12 +23,15 @@ A run is a Slurm run when a job is handed in for it (its directory has ``jobs.js
 Figures: step, loss, tokens/s and MFU from the last row of ``metrics.jsonl`` (for a Megatron model, with its project
 handed in, Megatron's new iteration lines are first ingested into it: :mod:`clustertrain.megatron.logs`; what cannot
 be read is named in ``missing``); the measured step time is the median
-``step_time_s`` of the last :data:`STEP_TIME_ROWS` rows; ETA = (max_steps - step) x step time while the run is
-queued (with progress), running or requeued; ``max_steps`` from the run's ``config.yaml``, else the project.
+``step_time_s`` of the last :data:`STEP_TIME_ROWS` rows; ETA = (max_steps - step) x step time while its ranks run
+(running, or requeued and running again; never while a job is pending); ``max_steps`` from the run's
+``config.yaml``, else the project.
 GPU-hours over every attempt of ``usage.json`` (a running attempt counts to now), cost = GPU-hours x the plan's
 price per GPU-hour (:func:`gpu_hour_prices`). Alarms: the events of the current attempt (time >= its start),
-one short line per rank/GPU and kind, errors first (records such as ``checkpoint`` are not alarms). Goodput (rules:
-:mod:`clustertrain.monitor.goodput`); restarts = attempts - 1 (or Slurm's requeue count, when higher); the newest
+one short line per rank/GPU and kind, errors first (records such as ``checkpoint`` and ``info`` events are not alarms).
+Goodput (rules: :mod:`clustertrain.monitor.goodput`); restarts: of a Slurm run, its job's (``extra["restarts"]``:
+requeues + resubmissions so far, the ``restart N`` its batch script prints; for a job that cannot be asked, what
+``jobs.jsonl`` last recorded), of a local run, attempts - 1 (every start of its ranks after the first); the newest
 incident of the current attempt, the last preemption save and the project's suspect nodes
 (:mod:`clustertrain.monitor.resilience`). Whatever cannot be read leaves its fields None and is named in
 ``missing``; nothing here raises on a damaged run directory.
@@ -58,8 +63,8 @@ if TYPE_CHECKING:
     from clustertrain.plan.plan import Plan
 
 #: the states a model is shown in
-QUEUED, RUNNING, COMPLETED, FAILED, STOPPED, REQUEUED, NOT_STARTED = (
-    "queued", "running", "completed", "failed", "stopped", "requeued", "not started")
+QUEUED, RUNNING, COMPLETED, FAILED, STOPPED, REQUEUED, NOT_STARTED, CANCELLED = (
+    "queued", "running", "completed", "failed", "stopped", "requeued", "not started", "cancelled")
 #: logged rows whose median step_time_s is the measured step time
 STEP_TIME_ROWS = 5
 _LIVE = (QUEUED, RUNNING, REQUEUED)
@@ -76,7 +81,7 @@ class ModelStatus:
     tokens_per_s: float | None = None
     mfu: float | None = None
     step_time_s: float | None = None        # measured: median of the last logged steps
-    eta_s: float | None = None              # (max_steps - step) x step_time_s while running
+    eta_s: float | None = None              # (max_steps - step) x step_time_s while the ranks run (never while pending)
     gpu_hours: float | None = None          # over every attempt (usage.json)
     cost_usd: float | None = None           # gpu_hours x the plan's price per GPU-hour (None without a price)
     checkpoint: str | None = None           # the latest complete checkpoint's directory
@@ -90,6 +95,7 @@ class ModelStatus:
     backend: str = "local"                  # local | slurm: how this run was started (jobs.jsonl or not)
     job_state: str | None = None            # the job's state as its backend says (PENDING, CANCELLED, TIMEOUT...)
     job_detail: str | None = None           # the backend's own words, e.g. "CANCELLED" or "PENDING (Resources)"
+    pending_reason: str | None = None       # while the job waits in the queue: Slurm's Reason (Resources, BeginTime...)
     exit_code: int | None = None            # the job's exit code once it ended
     host: str | None = None                 # rank 0's node (usage.json)
     heartbeat_age_s: float | None = None    # seconds since rank 0 was last seen alive (usage.json)
@@ -101,7 +107,8 @@ class ModelStatus:
 
     @property
     def failed(self) -> bool:
-        return self.state == FAILED
+        """Failed, or cancelled (a cancelled job did not finish its run either: ``status`` exits 1 for both)."""
+        return self.state in (FAILED, CANCELLED)
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as JSON-ready values (paths as strings)."""
@@ -136,6 +143,7 @@ def model_status(name: str, run_dir: Path, job: "JobStatus | None" = None, *, ma
         if job is not None:  # a Slurm run whose job could not be asked about: judge by the run directory
             st.job_id, st.job_state = job.job_id, None
             st.missing.append(f"job {job.job_id}: {job.detail or 'state unknown'}")
+            st.restarts = _recorded_restarts(paths, job.job_id)
         live = _state_from_run(paths, st, run, last, host or socket.gethostname(), now)
     if last is not None:
         st.host = st.host or last.host
@@ -144,13 +152,14 @@ def model_status(name: str, run_dir: Path, job: "JobStatus | None" = None, *, ma
             st.job_id = st.job_id or last.job_id
     if not logged and st.state not in (NOT_STARTED, QUEUED):
         st.missing.append("metrics.jsonl: no rows yet")
-    _eta(st)
+    _eta(st, live)
     _usage(st, usage.attempts, live, now)
     _checkpoint(paths, st, now)
     events = read_events(paths)
     st.alarms = alarms(events, since=last.started if last else None)
     st.goodput = run_goodput(paths, usage.attempts, events, live, now)
-    st.restarts = max(st.restarts, len(usage.attempts) - 1)
+    if job is None:  # a local run: every start of its ranks after the first (a Slurm run: its job's own count)
+        st.restarts = max(0, len(usage.attempts) - 1)
     st.incident = newest_incident(paths, incident_since(usage.attempts))
     st.preempt_save = preempt_line(events, usage.attempts, live)
     return st
@@ -229,6 +238,17 @@ def _ingest_megatron(paths: RunPaths, project: "Project", name: str, st: ModelSt
         st.missing.append(f"Megatron's log not read: {e}")
 
 
+def _recorded_restarts(paths: RunPaths, job_id: str) -> int:
+    """The restarts ``jobs.jsonl`` last recorded for a job that cannot be asked about now (0 when none)."""
+    from clustertrain.core.job_records import find_record
+
+    try:
+        record = find_record(paths, job_id)
+    except (ClusterTrainError, OSError):
+        return 0
+    return record.restarts if record is not None else 0
+
+
 def _max_steps(paths: RunPaths, name: str, st: ModelStatus) -> int | None:
     if not paths.config.is_file():
         return None
@@ -282,8 +302,10 @@ def _state_from_job(st: ModelStatus, job: "JobStatus", run: RunStatus | None, la
     st.nodes = list(extra.get("nodes") or [])
     if job.state == State.PENDING:
         st.state = REQUEUED if st.restarts else QUEUED
+        st.pending_reason = pending_reason(job)
         if st.restarts:
-            st.message = f"restart {st.restarts}: pending again ({job.detail})"
+            why = f" ({st.pending_reason})" if st.pending_reason else ""
+            st.message = f"restart {st.restarts}: pending again{why}"
         return False
     if job.state == State.RUNNING:
         st.state = REQUEUED if st.restarts else RUNNING
@@ -302,6 +324,11 @@ def _state_from_job(st: ModelStatus, job: "JobStatus", run: RunStatus | None, la
     elif job_state == State.STOPPED and final != State.FAILED:
         st.state = STOPPED
         st.message = f"stopped at step {run.step}; submit again to resume" if run is not None else "stopped"
+    elif job_state == State.CANCELLED and final != State.FAILED:  # scancel: by a user or an admin, not a failure
+        st.state = CANCELLED
+        exit_code = "" if job.exit_code is None else f", exit {job.exit_code}"
+        again = "resume" if run is not None or last is not None else "start"
+        st.message = f"job {job.job_id} {job.detail or job.state}{exit_code}; submit again to {again}"
     else:
         st.state = FAILED
         exit_code = "" if job.exit_code is None else f", exit {job.exit_code}"
@@ -310,6 +337,15 @@ def _state_from_job(st: ModelStatus, job: "JobStatus", run: RunStatus | None, la
     if not st.nodes and last is not None and last.job_id == job.job_id:
         st.nodes = list(last.nodes)
     return False
+
+
+def pending_reason(job: "JobStatus") -> str | None:
+    """Why a pending job waits, in Slurm's words (``Resources``, ``Priority``, ``BeginTime``...): the JobStatus's
+    ``extra["reason"]``, else the parenthesis of its ``detail`` (``PENDING (Resources)``); None when Slurm gives none."""
+    reason = (job.extra or {}).get("reason")
+    if not reason and job.detail and job.detail.endswith(")") and " (" in job.detail:
+        reason = job.detail[job.detail.index(" (") + 2:-1]
+    return str(reason) if reason and str(reason) != "None" else None
 
 
 def _state_from_run(paths: RunPaths, st: ModelStatus, run: RunStatus | None, last: Attempt | None, host: str,
@@ -386,10 +422,10 @@ def _last_sign_of_life(paths: RunPaths) -> float | None:
 # -- figures ------------------------------------------------------------------------------------------------------
 
 
-def _eta(st: ModelStatus) -> None:
-    if st.state not in _LIVE or st.step is None or not st.max_steps or st.step_time_s is None:
-        return
-    if st.state == QUEUED and st.step <= 0:
+def _eta(st: ModelStatus, live: bool) -> None:
+    """The ETA while the ranks run; none while the job waits in the queue (queued, or requeued and pending: how long
+    it waits is Slurm's to say, ``pending_reason``) and none once it ended."""
+    if not live or st.state not in _LIVE or st.step is None or not st.max_steps or st.step_time_s is None:
         return
     st.eta_s = max(0, st.max_steps - st.step) * st.step_time_s
 
@@ -432,7 +468,7 @@ def alarms(events: list[Event], since: float | None = None) -> list[str]:
     (the latest; "x N" when it recurred), errors first, then the newest."""
     groups: dict[tuple, list[Event]] = {}
     for e in events:
-        if (since is None or e.time >= since) and e.kind not in RECORD_KINDS:
+        if (since is None or e.time >= since) and e.kind not in RECORD_KINDS and e.severity != Severity.INFO:
             groups.setdefault((e.kind, e.rank, e.node, e.gpu, e.part), []).append(e)
     ordered = sorted(groups.values(), key=lambda g: (g[-1].severity != Severity.ERROR, -g[-1].time))
     return [alarm_line(g[-1]) + (f" x{len(g)}" if len(g) > 1 else "") for g in ordered]

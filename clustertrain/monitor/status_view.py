@@ -1,13 +1,17 @@
 """``clustertrain status`` on screen: the rich table of :class:`~clustertrain.monitor.status.ModelStatus` rows with
 their notes (incidents, preemption saves) and the project's lines (goodput over its models, suspect nodes), their
 JSON (a list of the rows' fields, paths as strings) and the ``--watch`` loop (rich Live, one refresh every
-``interval`` seconds until Ctrl-C)."""
+``interval`` seconds until Ctrl-C, each headed by the local time it was made: "refreshed 14:03:22").
+
+A project without GPUs (``cluster.gpus_per_node: 0``, as its run directories' ``config.yaml`` say) shows CPU-hours
+("CPU-h": ranks x wall-clock hours, what ``usage.json`` counts for CPU workers) where a GPU project shows GPU-hours."""
 
 from __future__ import annotations
 
 import json
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 
 from rich.console import Console, Group, RenderableType
@@ -17,11 +21,11 @@ from rich.text import Text
 
 from clustertrain.monitor.goodput import Goodput
 from clustertrain.monitor.resilience import DID_NOT_LAND
-from clustertrain.monitor.status import (COMPLETED, FAILED, NOT_STARTED, QUEUED, REQUEUED, RUNNING, STOPPED, ModelStatus,
-                                         human_duration)
+from clustertrain.monitor.status import (CANCELLED, COMPLETED, FAILED, NOT_STARTED, QUEUED, REQUEUED, RUNNING, STOPPED,
+                                         ModelStatus, human_duration)
 
 STYLES = {COMPLETED: "green", RUNNING: "cyan", QUEUED: "yellow", REQUEUED: "yellow", FAILED: "bold red",
-          STOPPED: "magenta", NOT_STARTED: "dim"}
+          STOPPED: "magenta", NOT_STARTED: "dim", CANCELLED: "magenta"}
 NODES_SHOWN = 3
 WIDE = 240
 
@@ -36,39 +40,70 @@ COLUMNS = (("model", False, 0), ("state", False, 0), ("step", True, 0), ("loss",
            ("checkpoint (age)", False, 5), ("job / nodes", False, 2), ("alarms", False, 9))
 
 
-def status_table(rows: list[ModelStatus], width: int | None = None) -> Table:
+def status_table(rows: list[ModelStatus], width: int | None = None, cpu: bool | None = None) -> Table:
     """The table; on a console narrower than it (``width``), the least needed columns are left out and named in
-    the caption (``--json`` has them all)."""
+    the caption (``--json`` has them all). ``cpu``: the project has no GPUs (its hours column is then "CPU-h");
+    None: as :func:`trains_on_cpus` reads it from the rows' run directories."""
     cells = [_cells(r) for r in rows]
+    headers = [_header(name, trains_on_cpus(rows) if cpu is None else cpu) for name, _, _ in COLUMNS]
     shown = list(range(len(COLUMNS)))
-    need = [max([len(COLUMNS[i][0])] + [max(len(line) for line in str(c[i]).split("\n")) for c in cells]) + 3
+    need = [max([len(headers[i])] + [max(len(line) for line in str(c[i]).split("\n")) for c in cells]) + 3
             for i in shown]
     for i in sorted((i for i in shown if COLUMNS[i][2]), key=lambda i: COLUMNS[i][2]):
         if width is None or sum(need[j] for j in shown) <= width:
             break
         shown.remove(i)
-    hidden = [COLUMNS[i][0] for i in range(len(COLUMNS)) if i not in shown]
+    hidden = [headers[i] for i in range(len(COLUMNS)) if i not in shown]
     caption = f"not shown at this width: {', '.join(hidden)} (widen the terminal, or --json)" if hidden else None
     table = Table(header_style="bold", pad_edge=False, caption=caption, caption_justify="left")
     for i in shown:
-        name, right, _ = COLUMNS[i]
-        table.add_column(name, justify="right" if right else "left", overflow="fold")
+        _, right, _ = COLUMNS[i]
+        table.add_column(headers[i], justify="right" if right else "left", overflow="fold")
     for c in cells:
         table.add_row(*(c[i] for i in shown))
     return table
 
 
+def _header(name: str, cpu: bool) -> str:
+    return "CPU-h" if cpu and name == "GPU-h" else name
+
+
+def trains_on_cpus(rows: list[ModelStatus]) -> bool:
+    """Whether the project of ``rows`` has no GPUs: ``cluster.gpus_per_node`` is 0 in the first of their run
+    directories' ``config.yaml`` that says (False when none does: the GPU wording, as before)."""
+    for r in rows:
+        gpus = _gpus_per_node(Path(r.run_dir) / "config.yaml")
+        if gpus is not None:
+            return gpus == 0
+    return False
+
+
+def _gpus_per_node(config: Path) -> int | None:
+    import yaml
+
+    try:
+        raw = yaml.safe_load(config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    cluster = raw.get("cluster") if isinstance(raw, dict) else None
+    gpus = cluster.get("gpus_per_node") if isinstance(cluster, dict) else None
+    return gpus if isinstance(gpus, int) and not isinstance(gpus, bool) else None
+
+
 def _cells(r: ModelStatus) -> list:
-    return [r.model, Text(r.state, style=STYLES.get(r.state, "")), _step(r), _num(r.loss, "{:.4f}"),
+    return [r.model, Text(state_cell(r), style=STYLES.get(r.state, "")), _step(r), _num(r.loss, "{:.4f}"),
             _num(r.tokens_per_s, "{:,.0f}"), _num(None if r.mfu is None else r.mfu * 100, "{:.1f}%"),
             human_duration(r.eta_s) if r.eta_s is not None else "-", _hours(r.gpu_hours), _num(r.cost_usd, "${:,.2f}"),
             _num(r.goodput.percent if r.goodput else None, "{:.1f}%"), _checkpoint(r), _job(r),
             Text("\n".join(r.alarms) or "-", style="red" if r.alarms else "dim")]
 
 
-def status_view(rows: list[ModelStatus], width: int | None = None, now: float | None = None) -> RenderableType:
-    """The table (fitted to ``width``); one line per model with a note or something missing, its newest incident
-    and its last preemption save; then, once for the project, its goodput (several models) and suspect nodes."""
+def status_view(rows: list[ModelStatus], width: int | None = None, now: float | None = None,
+                cpu: bool | None = None, refreshed: float | None = None) -> RenderableType:
+    """The table (fitted to ``width``; ``cpu`` as in :func:`status_table`); one line per model with a note or
+    something missing, its newest incident and its last preemption save; then, once for the project, its goodput
+    (several models) and suspect nodes. ``refreshed`` (``--watch``): when the rows were collected, shown above the
+    table in local time ("refreshed 14:03:22")."""
     notes = []
     for r in rows:
         parts = ([r.message] if r.message else []) + ([f"missing: {'; '.join(r.missing)}"] if r.missing else [])
@@ -80,7 +115,14 @@ def status_view(rows: list[ModelStatus], width: int | None = None, now: float | 
         if r.preempt_save:
             notes.append(Text(f"{r.model}: last preemption save {r.preempt_save}",
                               style="red" if r.preempt_save == DID_NOT_LAND else "dim"))
-    return Group(status_table(rows, width), *notes, *project_lines(rows, time.time() if now is None else now))
+    head = [Text(refreshed_line(refreshed), style="dim")] if refreshed is not None else []
+    return Group(*head, status_table(rows, width, cpu), *notes,
+                 *project_lines(rows, time.time() if now is None else now))
+
+
+def refreshed_line(t: float) -> str:
+    """"refreshed 14:03:22 (Ctrl-C to stop)": ``t`` in this machine's local time."""
+    return f"refreshed {datetime.fromtimestamp(t).strftime('%H:%M:%S')} (Ctrl-C to stop)"
 
 
 def project_lines(rows: list[ModelStatus], now: float) -> list[Text]:
@@ -135,11 +177,14 @@ def watch(collect: Callable[[], list[ModelStatus]], interval: float, console: Co
                 print(status_json(rows, indent=None), flush=True)
                 time.sleep(interval)
                 rows = collect()
-        with Live(status_view(rows, console.width), console=console, auto_refresh=False, transient=False) as live:
+        refreshed = time.time()
+        with Live(status_view(rows, console.width, refreshed=refreshed), console=console, auto_refresh=False,
+                  transient=False) as live:
             while True:
                 time.sleep(interval)
                 rows = collect()
-                live.update(status_view(rows, console.width), refresh=True)
+                refreshed = time.time()
+                live.update(status_view(rows, console.width, refreshed=refreshed), refresh=True)
     except KeyboardInterrupt:
         return rows
 
@@ -158,6 +203,11 @@ def _step(r: ModelStatus) -> str:
     if r.step is None:
         return "-" if r.max_steps is None else f"-/{r.max_steps}"
     return f"{r.step}/{r.max_steps}" if r.max_steps else str(r.step)
+
+
+def state_cell(r: ModelStatus) -> str:
+    """The state, and while its job waits in the queue Slurm's reason: "queued (Resources)", "requeued (BeginTime)"."""
+    return f"{r.state} ({r.pending_reason})" if r.pending_reason else r.state
 
 
 def _checkpoint(r: ModelStatus) -> str:

@@ -19,6 +19,12 @@ data-parallel collectives bring into each node per step, the seconds at the node
 compute seconds). The table and Markdown add a ``framework`` column when a model is not the built-in trainer's,
 and under "time per step" a line for each Megatron or pipelined model (compute + bubble) and each model whose
 data-parallel group crosses nodes (its traffic against its compute).
+
+A project without GPUs (``cluster.gpus_per_node: 0``, CPU workers) is shown in its own units in the table and Markdown:
+``ranks`` for ``GPUs``, ``GiB/rank`` for ``GiB/GPU``, ``CPU-h`` (ranks x wall-clock hours) for ``GPU-h`` and "memory
+per rank" for "memory per GPU"; the JSON keys stay (``gpus``, ``gpu_hours``: ranks and CPU-hours there). The table is
+``width`` characters wide (:data:`TABLE_WIDTH` by default; ``clustertrain plan`` passes :func:`terminal_width`),
+its cells wrapped, never cut.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import os
 from typing import Literal
 
 from clustertrain.plan.plan import ModelPlan, Plan
@@ -33,15 +40,17 @@ from clustertrain.plan.plan import ModelPlan, Plan
 Format = Literal["table", "json", "markdown"]
 FORMATS = ("table", "json", "markdown")
 GiB = 1024**3
+#: the table's width when none is given (and ``plan``'s on a pipe or file without ``COLUMNS``)
+TABLE_WIDTH = 160
 
 
-def render_plan(plan: Plan, format: Format = "table") -> str:
+def render_plan(plan: Plan, format: Format = "table", width: int | None = None) -> str:
     if format == "json":
         return _json(plan)
     if format == "markdown":
         return _markdown(plan)
     if format == "table":
-        return _table(plan)
+        return _table(plan, width or TABLE_WIDTH)
     raise ValueError(f"unknown format {format!r}; valid: {', '.join(FORMATS)}")
 
 
@@ -121,11 +130,77 @@ def duration(days: float | None) -> str:
     return f"{days * 1440:.1f} min"
 
 
+def terminal_width(default: int = TABLE_WIDTH) -> int:
+    """The width ``clustertrain plan`` fits its tables to, as ``status`` does: the terminal's; on a pipe or file
+    ``COLUMNS`` when it is set, else ``default``."""
+    from rich.console import Console
+
+    console = Console()
+    if console.is_terminal or os.environ.get("COLUMNS", "").strip().isdigit():
+        return console.width
+    return default
+
+
+#: the columns whose words a narrow table wraps (the others keep their figures on one line)
+WRAPPED = ("model", "layout", "fits")
+#: the order a table too wide for the terminal leaves columns out in (as ``status`` does), the first first; the
+#: columns not named here (model, GPUs, GiB/GPU, time, GPU-h, cost, total, usable; a CPU project's ranks, GiB/rank,
+#: CPU-h) always stay
+DROP_ORDER = ("tokens", "params", "step", "framework", "fits", "nodes", "layout", "grads", "buffers", "AdamW",
+              "activations")
+
+
+def fit_table(title: str, columns: "tuple[str, ...]", rows: list[list[str]], width: int):
+    """A rich table of ``rows`` no wider than ``width``: the words of :data:`WRAPPED` columns wrap; when the figures
+    still do not fit on one line each, columns are left out in :data:`DROP_ORDER` and named in the caption."""
+    from rich.table import Table
+
+    def need(i: int) -> int:  # a column's narrowest width: its longest word (wrapped) or cell, plus its padding
+        cells = [columns[i], *(r[i] for r in rows)]
+        if columns[i] in WRAPPED:
+            return max(len(w) for c in cells for w in c.split()) + 3
+        return max(len(c) for c in cells) + 3
+
+    shown = list(range(len(columns)))
+    for name in DROP_ORDER:
+        if sum(need(i) for i in shown) + 1 <= width:
+            break
+        shown = [i for i in shown if columns[i] != name]
+    hidden = [c for i, c in enumerate(columns) if i not in shown]
+    caption = f"not shown at this width: {', '.join(hidden)} (widen the terminal, or --format json)" if hidden else None
+    # every column at its narrowest, then the room left widens the wrapped ones a character at a time, up to their
+    # longest cell (rich's own shrinking can overshoot the width by a character)
+    widths = {i: need(i) - 3 for i in shown}
+    room = width - 1 - sum(need(i) for i in shown)
+    longest = {i: max(len(c) for c in (columns[i], *(r[i] for r in rows))) for i in shown}
+    while room > 0 and any(widths[i] < longest[i] for i in shown if columns[i] in WRAPPED):
+        for i in shown:
+            if room > 0 and columns[i] in WRAPPED and widths[i] < longest[i]:
+                widths[i] += 1
+                room -= 1
+    table = Table(title=title, caption=caption, caption_justify="left")
+    for i in shown:
+        table.add_column(columns[i], overflow="fold", no_wrap=columns[i] not in WRAPPED, width=widths[i])
+    for r in rows:
+        table.add_row(*(r[i] for i in shown))
+    return table
+
+
+#: a CPU project's words for the GPU columns (:data:`MODEL_COLUMNS`)
+CPU_WORDS = {"GPUs": "ranks", "GiB/GPU": "GiB/rank", "GPU-h": "CPU-h"}
+
+
+def _cpu(plan: Plan) -> bool:
+    return plan.cluster.gpus_per_node == 0
+
+
 def model_columns(plan: Plan) -> tuple[str, ...]:
-    """:data:`MODEL_COLUMNS`, with ``framework`` after ``model`` when a model is not the built-in trainer's."""
+    """:data:`MODEL_COLUMNS`, with ``framework`` after ``model`` when a model is not the built-in trainer's, in a CPU
+    project's words (:data:`CPU_WORDS`) when it has no GPUs."""
+    columns = tuple(CPU_WORDS.get(c, c) for c in MODEL_COLUMNS) if _cpu(plan) else MODEL_COLUMNS
     if _framework_column(plan):
-        return (MODEL_COLUMNS[0], "framework", *MODEL_COLUMNS[1:])
-    return MODEL_COLUMNS
+        return (columns[0], "framework", *columns[1:])
+    return columns
 
 
 def _framework_column(plan: Plan) -> bool:
@@ -138,9 +213,10 @@ def _row(plan: Plan, m: ModelPlan) -> list[str]:
 
 
 def _memory_title(plan: Plan) -> str:
+    per = "rank" if _cpu(plan) else "GPU"
     if _framework_column(plan) or any(m.parallelism.get("pp", 1) > 1 for m in plan.models):
-        return "memory per GPU (the most loaded rank)"
-    return "memory per GPU (rank 0, the most loaded)"
+        return f"memory per {per} (the most loaded rank)"
+    return f"memory per {per} (rank 0, the most loaded)"
 
 
 def time_lines(plan: Plan) -> list[str]:
@@ -238,27 +314,21 @@ def _verdict(plan: Plan) -> list[str]:
     return out
 
 
-def _table(plan: Plan) -> str:
+def _table(plan: Plan, width: int = TABLE_WIDTH) -> str:
     from rich.console import Console
     from rich.table import Table
 
     buf = io.StringIO()
-    console = Console(file=buf, width=160, highlight=False, color_system=None, soft_wrap=True)
+    console = Console(file=buf, width=width, highlight=False, color_system=None, soft_wrap=True)
     console.print(f"plan for project {plan.project}")
     cluster = Table(show_header=False, box=None, pad_edge=False)
     for k, v in cluster_lines(plan):
         cluster.add_row(k, v)
     console.print(cluster)
-    models = Table(*model_columns(plan), title="models")
-    for m in plan.models:
-        models.add_row(*_row(plan, m))
-    console.print(models)
+    console.print(fit_table("models", model_columns(plan), [_row(plan, m) for m in plan.models], width))
     rows = [r for r in (memory_row(m) for m in plan.models) if r]
     if rows:
-        memory = Table(*MEMORY_COLUMNS, title=_memory_title(plan))
-        for r in rows:
-            memory.add_row(*r)
-        console.print(memory)
+        console.print(fit_table(_memory_title(plan), MEMORY_COLUMNS, rows, width))
     summary = _allocation_summary(plan)
     if summary:
         console.print(f"allocation: {summary} nodes")

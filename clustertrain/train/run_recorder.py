@@ -99,7 +99,8 @@ class RunWatch:
         self.attempt.saved_step, self.attempt.saved_at = step, now
         self._guard(write_usage, self.paths, self.usage)
         self._written = now
-        self.event(Event(kind=EventKind.CHECKPOINT, step=step, value=round(self.attempt.stall_s, 4),
+        self.event(Event(kind=EventKind.CHECKPOINT, severity=Severity.INFO, step=step,
+                         value=round(self.attempt.stall_s, 4),
                          threshold=None if save_s is None else round(save_s, 3),
                          message=f"checkpoint {getattr(path, 'name', path)} committed"
                                  + (f" {save_s:.1f} s after its save began" if save_s is not None else "")),
@@ -114,14 +115,15 @@ class RunWatch:
             message = (f"the stop checkpoint {getattr(path, 'name', path)} was committed {took:.1f} s after the signal, "
                        f"which gave {grace:.0f} s: " + ("landed before the kill" if landed else
                                                         "later than the signal allowed; raise launch.signal_grace_s"))
-        self.event(Event(kind=EventKind.PREEMPT_SAVE, severity=Severity.WARNING, step=step, value=round(took, 3),
+        severity = Severity.INFO if landed else Severity.WARNING  # a save that landed is routine
+        self.event(Event(kind=EventKind.PREEMPT_SAVE, severity=severity, step=step, value=round(took, 3),
                          threshold=grace, message=message), echo=False)
         print(f"[clustertrain] {message}", flush=True)
         self.stop_saved_s = round(took, 3)
 
     def stop_signal(self, step: int, signal_name: str | None, received: float) -> None:
         """The ranks agreed to stop after ``step`` because of a signal (rank 0's or a peer's)."""
-        self.event(Event(kind=EventKind.STOP_SIGNAL, time=received, step=step,
+        self.event(Event(kind=EventKind.STOP_SIGNAL, severity=Severity.INFO, time=received, step=step,
                          message=f"{signal_name or 'a peer rank'} asked the ranks to save and stop after step {step}"),
                    echo=False)
 

@@ -96,7 +96,7 @@ def test_status_after_slurm_forgot_completed_failed_and_cancelled_jobs(pcluster_
     code, failed = status_cli(cluster, path, "crash")
     assert code == 1 and job_of(failed)[:3] == (crash.job_id, "failed", "FAILED") and failed["job_detail"] == "FAILED", failed
     code, cancelled = status_cli(cluster, path, "stop")
-    assert code == 1 and job_of(cancelled)[:4] == (stop.job_id, "failed", "CANCELLED", 143), cancelled
+    assert code == 1 and job_of(cancelled)[:4] == (stop.job_id, "cancelled", "CANCELLED", 143), cancelled
     assert cancelled["job_detail"] == "CANCELLED"
     # the status seen is now also in jobs.jsonl
     assert [r.state for s in (done, crash, stop) for r in read_records(RunPaths(s.run_dir))] == \

@@ -107,11 +107,11 @@ def test_status_of_a_completed_a_running_and_a_slurm_model(cluster, tmp_path):
         code, st = rows(cluster, path)
         assert (st["m3"]["state"], st["m3"]["nodes"], st["m2"]["state"]) == ("running", ["node1", "node2"], "running")
 
-        subprocess.run(["scancel", job_id], env=env, check=True)  # a cancelled job counts as failed: exit 1
+        subprocess.run(["scancel", job_id], env=env, check=True)  # cancelled, and counted as failed: exit 1
         background.send_signal(signal.SIGTERM)  # m2 saves and stops while Slurm ends m3's job
         wait_for(lambda: query_job(job_id, cluster.env()).finished, 60, interval=0.2)
         code, st = rows(cluster, path)
-        assert code == 1 and st["m3"]["state"] == "failed" and st["m3"]["job_state"] == "CANCELLED", st["m3"]
+        assert code == 1 and st["m3"]["state"] == "cancelled" and st["m3"]["job_state"] == "CANCELLED", st["m3"]
         assert "CANCELLED" in st["m3"]["message"]
 
         background.communicate(timeout=60)

@@ -201,8 +201,8 @@ def test_ended_jobs_cancelled_timeout_and_forgotten(tmp_path):
     paths = make_run(tmp_path / "m", steps=3, status=RunStatus(state=State.RUNNING, time=NOW),
                      attempts=[attempt(job_id="5", ended=NOW, last=NOW)])
     cancelled = model_status("m", paths.root, JobStatus("5", State.CANCELLED, 143, "CANCELLED", {"restarts": 0}))
-    assert (cancelled.state, cancelled.exit_code, cancelled.job_state) == (FAILED, 143, "CANCELLED")
-    assert cancelled.message == "job 5 CANCELLED, exit 143"
+    assert (cancelled.state, cancelled.exit_code, cancelled.job_state) == ("cancelled", 143, "CANCELLED")
+    assert cancelled.message == "job 5 CANCELLED, exit 143; submit again to resume" and any_failed([cancelled])
     timeout = model_status("m", paths.root, JobStatus("6", State.FAILED, 1, "TIMEOUT", {"slurm_state": "TIMEOUT"}))
     assert timeout.state == FAILED and "TIMEOUT" in timeout.message
     write_status_record(paths, RunStatus(state=State.COMPLETED, step=3, time=NOW))

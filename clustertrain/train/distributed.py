@@ -7,10 +7,6 @@ import datetime
 
 from clustertrain.core.ranks import RankInfo
 
-#: the rank value the trainer takes (``RankInfo.from_environ()``); the old name, kept for importers
-RankEnv = RankInfo
-
-
 def init_process_group(env: RankInfo, backend: str, timeout_s: float = 600.0) -> None:
     import torch.distributed as dist
 

@@ -39,14 +39,14 @@ def run_rank(run_dir: Path, model_name: str) -> int:
     """One rank: its heartbeat (:mod:`clustertrain.train.heartbeat_writer`) from the start, then training; the heartbeat's last
     record says how the rank left (done, its own error, or a failure)."""
     from clustertrain.core.heartbeat_files import EXIT_WATCHDOG
-    from clustertrain.train.distributed import RankEnv
+    from clustertrain.core.ranks import RankInfo
     from clustertrain.train.heartbeat_writer import Beacon
     from clustertrain.train.signals import StopRequest
     from clustertrain.train.run_recorder import job_id, node_name
 
     stop = StopRequest().install()
     paths = RunPaths(Path(run_dir))
-    env = RankEnv.from_environ()
+    env = RankInfo.from_environ()
     _check_lease(paths, env)  # before this rank writes anything in the run directory
     project = load_resolved(paths, env.rank)
     entry = project.model(model_name)

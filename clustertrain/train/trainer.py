@@ -33,7 +33,7 @@ from clustertrain.core.states import State
 from clustertrain.train.checkpoint_backup import CheckpointBackup, is_due
 from clustertrain.core.checkpoint_format import check_ownership, find_latest, read_meta
 from clustertrain.train.checkpoint import CheckpointManager, clean_stale
-from clustertrain.train.distributed import RankEnv
+from clustertrain.core.ranks import RankInfo
 from clustertrain.train.heartbeat_writer import Beacon
 from clustertrain.train.hooks import Injections
 from clustertrain.core.parallel_layout import LayoutError, ParallelLayout, resolve_layout
@@ -80,7 +80,7 @@ def layout_for(project: Project, entry: ModelEntry, world_size: int, on_gpu: boo
 
 
 class Trainer:
-    def __init__(self, project: Project, entry: ModelEntry, paths: RunPaths, env: RankEnv, device: torch.device,
+    def __init__(self, project: Project, entry: ModelEntry, paths: RunPaths, env: RankInfo, device: torch.device,
                  resume: bool = True, injections: Injections = Injections(), backup: CheckpointBackup | None = None,
                  beacon: Beacon | None = None):
         self.project, self.entry, self.paths, self.env, self.device = project, entry, paths, env, device

@@ -262,7 +262,7 @@ def test_train_validate_and_the_batch_script_agree_on_the_ranks(tmp_path):
     """Issue 13 defect 2: for one Slurm job, what a rank derives in training (train.distributed), in validation
     (validate.collectives.job_env) and what the rendered batch script exports agree. (Before clustertrain.core.ranks,
     validation used job id % 20000: port 31337 here, against 21337 in the trainer and the script.)"""
-    from clustertrain.train.distributed import RankEnv
+    from clustertrain.core.ranks import RankInfo
     from clustertrain.validate.collectives import job_env
 
     job = {"SLURM_JOB_ID": "31337", "SLURM_JOB_NODELIST": "trn-st-p5-[07-08]", "SLURM_NTASKS": "16",
@@ -286,7 +286,7 @@ def test_train_validate_and_the_batch_script_agree_on_the_ranks(tmp_path):
 
     expected = ("trn-st-p5-07", 21337, 9, 16, 1)
     assert (exported["MASTER_ADDR"], int(exported["MASTER_PORT"])) == expected[:2]
-    for derive in (RankEnv.from_environ, job_env):
+    for derive in (RankInfo.from_environ, job_env):
         assert view(derive({**exported, **task})) == expected  # a rank started by this script
         assert view(derive({**job, **task})) == expected  # a rank started by srun with no batch script around it
 

@@ -4,18 +4,18 @@ tested in tests/unit/test_ranks.py)."""
 import pytest
 
 from clustertrain.core.ranks import RankError, port_for_job
-from clustertrain.train.distributed import RankEnv
+from clustertrain.core.ranks import RankInfo
 
 
 def test_torchrun_env_wins_over_slurm():
-    env = RankEnv.from_environ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.1",
+    env = RankInfo.from_environ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.1",
                                 "MASTER_PORT": "1234", "SLURM_PROCID": "7", "SLURM_NTASKS": "16"})
     assert (env.rank, env.world_size, env.local_rank, env.master_addr, env.master_port, env.source) == (
         1, 2, 1, "10.0.0.1", 1234, "torchrun")
 
 
 def test_slurm_env_derives_master_from_nodelist_and_job_id():
-    env = RankEnv.from_environ({"SLURM_PROCID": "9", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1", "SLURM_NODEID": "1",
+    env = RankInfo.from_environ({"SLURM_PROCID": "9", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1", "SLURM_NODEID": "1",
                                 "SLURM_TASKS_PER_NODE": "8(x2)", "SLURM_JOB_NODELIST": "p5-st-[03-04]",
                                 "SLURM_JOB_ID": "4242"})
     assert (env.rank, env.world_size, env.local_rank, env.local_world_size, env.node_rank, env.source) == (
@@ -25,15 +25,15 @@ def test_slurm_env_derives_master_from_nodelist_and_job_id():
 
 
 def test_outside_a_job_is_one_process():
-    env = RankEnv.from_environ({"PATH": "/bin"})
+    env = RankInfo.from_environ({"PATH": "/bin"})
     assert (env.rank, env.world_size, env.master_addr, env.master_port, env.source) == (0, 1, "127.0.0.1", 29500, "single")
 
 
 def test_bad_rank_env_is_a_user_error():
     with pytest.raises(RankError, match="outside world size"):
-        RankEnv.from_environ({"RANK": "2", "WORLD_SIZE": "2"})
+        RankInfo.from_environ({"RANK": "2", "WORLD_SIZE": "2"})
     with pytest.raises(RankError, match="RANK='x' is not an integer"):
-        RankEnv.from_environ({"RANK": "x", "WORLD_SIZE": "2"})
+        RankInfo.from_environ({"RANK": "x", "WORLD_SIZE": "2"})
 
 
 def test_a_peer_that_left_is_recognised_in_gloo_and_nccl_errors():

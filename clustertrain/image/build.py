@@ -18,8 +18,11 @@ it runs (``--dry-run`` prints them as a script a user can paste, and runs nothin
 ``<work>`` is ``--work-dir``, else ``image.work_dir``, else ``aws.enroot.local_dir`` (the node's NVMe) when
 that exists on this machine, else the system temp directory. Every refusal (images directory off the shared
 file system, an existing ``.sqsh`` without ``--force``, docker or enroot missing, the Docker daemon
-unreachable, the images directory not creatable, pins the compatibility table rejects) is one ImageError line,
-raised before anything runs or is written; ``--dry-run`` reports the tool and directory checks as notes.
+unreachable, the images directory not creatable, pins the compatibility table rejects, a head node root volume
+too small for the build, a file system here without room for what the build writes on it) is one ImageError
+line, raised before anything runs or is written; ``--dry-run`` reports the tool and directory checks as notes,
+says where the bytes go (:mod:`clustertrain.image.footprint`: Docker's data root, the enroot export, the
+``.sqsh``) and refuses a place without the space as a real build does.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clustertrain.core.errors import ImageError
+from clustertrain.image.footprint import (FreeBytes, Place, build_places, describe, docker_data_root, root_volume_problem,
+                                          sizes_of, space_problem)
 from clustertrain.image.paths import ImageRef, image_ref
 from clustertrain.image.squashfs import verify_sqsh
 from clustertrain.image.versions import check_versions, load_compat, load_versions
@@ -152,6 +157,30 @@ def script_lines(plan: BuildPlan) -> list[str]:
 
 # ----- checks ----------------------------------------------------------------------------------------
 
+def plan_places(plan: BuildPlan, docker_root: Path | None = None) -> list[Place]:
+    """Where the build's bytes go (:mod:`clustertrain.image.footprint`): Docker's data root, the export, the .sqsh."""
+    sizes = sizes_of(load_versions(plan.ref.versions))
+    return build_places(sizes, docker_root=docker_root or docker_data_root(), enroot_temp=plan.enroot_temp,
+                        images=plan.sqsh.parent)
+
+
+def places_here(project: "Project", places: list[Place]) -> list[Place]:
+    """The places this machine can measure: Docker's data root where docker is installed and has made it, the
+    images directory where its shared file system is mounted, the export always (its nearest existing parent)."""
+    out = []
+    for p in places:
+        if p.what == "Docker's data root" and (shutil.which("docker") is None or not p.path.is_dir()):
+            continue
+        if p.what == "the .sqsh" and unmounted_here(project, p.path) is not None:
+            continue
+        out.append(p)
+    return out
+
+
+def _free_bytes(path: Path) -> int:
+    return shutil.disk_usage(path).free
+
+
 def images_off_mount(project: "Project") -> str | None:
     """Why the images directory of an aws project is not on its shared file system; None when it is (or no aws:)."""
     if project.aws is None:
@@ -209,9 +238,11 @@ def docker_daemon_problem() -> str | None:
             "or, if permission was denied, join the docker group (sudo usermod -aG docker $USER, then log in again)")
 
 
-def check_plan(project: "Project", plan: BuildPlan, *, force: bool, dry_run: bool) -> list[str]:
+def check_plan(project: "Project", plan: BuildPlan, *, force: bool, dry_run: bool, places: list[Place] | None = None,
+               free_bytes: FreeBytes = _free_bytes) -> list[str]:
     """Raise ImageError for the first refusal; return the notes ``--dry-run`` prints instead of the
-    environment checks (tools, daemon, images directory)."""
+    environment checks (tools, daemon, images directory). The disk checks (the head node's root volume of an
+    ``aws:`` project; free space at ``places`` measured here with ``free_bytes``) come last, in a dry run too."""
     off = images_off_mount(project)
     if off:
         raise ImageError(off)
@@ -222,12 +253,18 @@ def check_plan(project: "Project", plan: BuildPlan, *, force: bool, dry_run: boo
         raise ImageError(f"{plan.sqsh} exists; pass --force to replace it, or change image.tag")
     if dry_run:
         notes = [missing_tool(), images_dir_problem(project, plan.sqsh.parent)]
-        return [f"note: {n}" for n in notes if n]
-    for check in (missing_tool, docker_daemon_problem, lambda: images_dir_problem(project, plan.sqsh.parent)):
-        problem = check()  # in order, each only when the one before passed (no `docker info` without enroot)
-        if problem:
-            raise ImageError(problem)
-    return []
+    else:
+        notes = []
+        for check in (missing_tool, docker_daemon_problem, lambda: images_dir_problem(project, plan.sqsh.parent)):
+            problem = check()  # in order, each only when the one before passed (no `docker info` without enroot)
+            if problem:
+                raise ImageError(problem)
+    problem = root_volume_problem(project, export_on_root=plan.work_dir == Path(tempfile.gettempdir()))
+    if problem is None:
+        problem = space_problem(places_here(project, places if places is not None else plan_places(plan)), free_bytes)
+    if problem:
+        raise ImageError(problem)
+    return [f"note: {n}" for n in notes if n]
 
 
 # ----- running ---------------------------------------------------------------------------------------
@@ -259,14 +296,19 @@ def _render_default(project: "Project", out_dir: Path) -> Any:
 
 
 def run_build(project: "Project", *, dry_run: bool = False, force: bool = False, work_dir: Path | None = None,
-              echo: Echo = print, render: Callable[["Project", Path], Any] | None = None) -> BuildResult:
-    """Build the project's image into its ``.sqsh`` (see the module docstring); ``dry_run``: print, run nothing."""
+              echo: Echo = print, render: Callable[["Project", Path], Any] | None = None,
+              free_bytes: FreeBytes = _free_bytes) -> BuildResult:
+    """Build the project's image into its ``.sqsh`` (see the module docstring); ``dry_run``: print, run nothing.
+    ``free_bytes``: the free bytes of a directory's file system (default: :func:`shutil.disk_usage`)."""
     plan = plan_build(project, work_dir)
-    notes = check_plan(project, plan, force=force, dry_run=dry_run)
+    places = plan_places(plan)
+    notes = check_plan(project, plan, force=force, dry_run=dry_run, places=places, free_bytes=free_bytes)
     if dry_run:
         echo(f"# image {plan.ref.reference} -> {plan.sqsh}")
         for n in notes:
             echo(f"# {n}")
+        for line in describe(places):
+            echo(line)
         for line in script_lines(plan):
             echo(line)
         return BuildResult(sqsh=plan.sqsh, size_bytes=0, commands=plan.commands)

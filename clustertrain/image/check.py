@@ -8,13 +8,21 @@
         IMAGE_PYTHON -m clustertrain validate scan --role container --json [--instance-type T]
 
 (Pyxis flags; ``--no-container`` drops them and runs the launch interpreter: the scan then reads the node's
-host). The mount is left out when the results directory holds ``,`` or ``:`` (Pyxis' separators): srun writes
+host). On a GPU project (``cluster.gpus_per_node`` > 0), in the image, a second step proves the transport
+rather than a file: it initialises a one-rank NCCL communicator and runs one ``all_reduce``
+(:data:`PROBE`) with ``NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET FI_LOG_LEVEL=info`` under the job's NCCL
+environment (the launch preset, :func:`clustertrain.launch.presets.rank_environment`), its output in
+``results/image-check/nccl-init.log`` (and ``.err``: libfabric logs to stderr). Where the instance type uses
+EFA, :func:`clustertrain.validate.transport.one_rank_rows` then requires ``Using network Libfabric`` with the
+``efa`` provider (aws-ofi-nccl's ``NET/OFI`` lines), the plugin version the instance type needs, and GDRCopy
+loaded by libfabric; anything else fails naming what NCCL used instead (``Using network Socket``). The mount is left out when the results directory holds ``,`` or ``:`` (Pyxis' separators): srun writes
 the step's output on the host either way. The job gets ``<project>-image-check`` as its name and a new
 directory under the project's validation directory, laid out as a suite's
 (:class:`~clustertrain.validate.suitedir.SuitePaths`: ``jobs/``, ``logs/``, ``results/image-check/scan.json``).
 
 Judging (pure, :func:`judge`): one :class:`ImageCheckRow` per component (cuda, nccl, aws_ofi_nccl,
-libfabric, torch, and megatron with ``image.megatron``):
+libfabric, torch, and megatron with ``image.megatron``), then the transport rows of the NCCL init (``transport``,
+``aws-ofi-nccl (NCCL log)``, ``gdrcopy``; their verdicts are the transport check's):
 
 =========  ===========================================================================================
 verdict    when
@@ -58,19 +66,30 @@ from clustertrain.core.states import State
 from clustertrain.validate.check_rows import Verdict
 from clustertrain.validate.scan import CheckResult, ScanReport
 from clustertrain.validate.suitedir import JobOutcome, SuitePaths, load_result, read_text
+from clustertrain.validate.transport import one_rank_rows
 
 FORMAT_VERSION = 1
 NAME = "image-check"
 COMPONENTS = ("cuda", "nccl", "aws_ofi_nccl", "libfabric", "torch")
 PIN_KEYS = {"megatron": "megatron_lm"}  # scan check -> versions.yaml pin, where they differ
 NOT_PINNED = "not pinned"
+NCCL_LOG = "nccl-init.log"
+#: the variables of the NCCL init step (inside the container): what NCCL and libfabric say about the network
+PROBE_ENV = ("NCCL_DEBUG=INFO", "NCCL_DEBUG_SUBSYS=INIT,NET", "FI_LOG_LEVEL=info")
+#: one rank, one GPU, one all_reduce over NCCL: enough for NCCL to load its net plugin and pick a network
+#: (an in-memory store: no rendezvous, no port)
+PROBE = ("import torch, torch.distributed as dist; torch.cuda.set_device(0); "
+         "dist.init_process_group('nccl', store=dist.HashStore(), rank=0, world_size=1); "
+         "t = torch.ones(1, device='cuda'); dist.all_reduce(t); torch.cuda.synchronize(); "
+         "print('allreduce ok', t.item(), 'nccl', torch.cuda.nccl.version(), flush=True); dist.destroy_process_group()")
 #: srun without the Pyxis plugin: "srun: unrecognized option '--container-image=x'" (slurm-wlm 22.05.8, captured
 #: in tests/unit/image/test_check_compare.py); other getopt builds say "unrecognized option `--container-...'".
 _PYXIS_RE = re.compile(r"(unrecognized|unknown|invalid) option\W{1,3}--container")
 
 
 class ImageCheckRow(StoredModel):
-    component: str = Field(description="Scan check: cuda, nccl, aws_ofi_nccl, libfabric, torch, megatron.")
+    component: str = Field(description="Scan check: cuda, nccl, aws_ofi_nccl, libfabric, torch, megatron; or a transport "
+                                       "check of the NCCL init: transport, aws-ofi-nccl (NCCL log), gdrcopy.")
     pinned: str = Field(description="The pinned version, or 'not pinned'.")
     found: str = Field(description="What the scan found (its own words), or 'not found' / 'not scanned'.")
     version: str | None = Field(default=None, description="The comparable version found; None when none was read.")
@@ -172,10 +191,31 @@ PYXIS_MESSAGE = ("Pyxis is not installed or enabled on this cluster: srun does n
                  "host instead, run `clustertrain image check PROJECT --no-container`")
 
 
+def transport_planned(project: Project, container: bool) -> bool:
+    """Whether the job runs the NCCL init step: in the image, on a project with GPUs."""
+    return container and project.cluster.gpus_per_node > 0
+
+
+def efa_expected(project: Project) -> bool:
+    """Whether the instance type's NCCL preset has the EFA layer (``launch/presets.yaml``)."""
+    from clustertrain.launch.presets import preset_of
+
+    return preset_of(project.cluster.instance_type)[1]
+
+
+def transport_rows_of(project: Project, nccl_log: str) -> list[ImageCheckRow]:
+    """The NCCL init's rows (:func:`clustertrain.validate.transport.one_rank_rows`) as image-check rows."""
+    return [ImageCheckRow(component=r.check, pinned=r.threshold, found=r.found, status=r.verdict, verdict=r.verdict,
+                          detail=r.detail)
+            for r in one_rank_rows(nccl_log, efa_expected=efa_expected(project),
+                                   instance_type=project.cluster.instance_type, job=NAME)]
+
+
 def judge(project: Project, scan: ScanReport | None, *, container: bool, errors: str = "",
-          missing: str = "") -> tuple[list[ImageCheckRow], bool, str]:
+          missing: str = "", nccl_log: str | None = None) -> tuple[list[ImageCheckRow], bool, str]:
     """Rows, failed, message. ``scan`` None: ``errors`` (the step's and the job's stderr) says why, else
-    ``missing`` (the job's state and last lines) does."""
+    ``missing`` (the job's state and last lines) does. ``nccl_log``: the NCCL init's stdout and stderr ("" when
+    it left none); None when the job had no such step."""
     if scan is None:
         if container and pyxis_missing(errors):
             return [], True, PYXIS_MESSAGE
@@ -189,6 +229,14 @@ def judge(project: Project, scan: ScanReport | None, *, container: bool, errors:
     message = (f"{sum(r.verdict == 'fail' for r in rows)} component(s) missing or below the minimum {where}"
                if failed else f"{', '.join(differ)}: not as pinned (see the rows)" if differ else
                f"the pinned versions, {where}" if pins else f"the scan passes {where} (nothing pinned)")
+    if nccl_log is not None:
+        net = transport_rows_of(project, nccl_log)
+        bad = [r for r in net if r.verdict == "fail"]
+        if bad:
+            said = "; ".join(f"{r.component}: {r.found}" for r in bad)
+            message = f"NCCL in the image: {said} ({bad[0].detail})" + (f"; {message}" if failed else "")
+            failed = True
+        rows += net
     return rows, failed, message
 
 
@@ -243,8 +291,14 @@ def plan_check(project: Project, paths: SuitePaths, *, container: bool, timeout_
     itype = project.cluster.instance_type
     scan = [python, "-m", "clustertrain", "validate", "scan", "--role", "container", "--json",
             *(["--instance-type", itype] if itype else [])]
-    job = new_job(ctx, NAME, NAME, nodes=1, ntasks_per_node=1, steps=[srun_step(ctx, 1, None, res, "scan.json", pyxis) + scan],
-                  outputs=[res / "scan.json"])
+    steps, outputs, extra = [srun_step(ctx, 1, None, res, "scan.json", pyxis) + scan], [res / "scan.json"], {}
+    if transport_planned(project, container):
+        from clustertrain.launch.presets import rank_environment
+
+        steps.append(srun_step(ctx, 1, None, res, NCCL_LOG, pyxis) + ["env", *PROBE_ENV, python, "-c", PROBE])
+        outputs.append(res / NCCL_LOG)
+        extra["env"] = rank_environment(itype, 1, project.launch, os=project.aws.os if project.aws else None, container=True)
+    job = new_job(ctx, NAME, NAME, nodes=1, ntasks_per_node=1, steps=steps, outputs=outputs, **extra)
     return replace(job, job_name=f"{project.name}-{NAME}", submit_command="clustertrain image check PROJECT"
                    + ("" if container else " --no-container"))
 
@@ -299,6 +353,10 @@ def run_image_check(project: Project, *, container: bool = True, timeout_s: floa
     if state in (State.TIMEOUT, State.NOT_STARTED) and scan is None:
         missing = (f"job still {'running' if state == State.TIMEOUT else 'pending'} after {timeout_s:g}s; cancelled "
                    f"(Slurm job {job_id})")
-    report.rows, report.failed, report.message = judge(project, scan, container=container, errors=errors, missing=missing)
+    nccl_log = None
+    if transport_planned(project, container):
+        nccl_log = "\n".join(read_text(job.results_dir / name) or "" for name in (NCCL_LOG, NCCL_LOG + ".err"))
+    report.rows, report.failed, report.message = judge(project, scan, container=container, errors=errors, missing=missing,
+                                                       nccl_log=nccl_log)
     write_atomic(paths.root / "image-check.json", report.model_dump_json(indent=2) + "\n")
     return report

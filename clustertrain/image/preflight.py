@@ -8,6 +8,10 @@ shipped with clustertrain)
 the pins work together by the compatibility table      error    ``image.versions: <field>`` (e.g. ``pins.nccl``)
 (:func:`clustertrain.image.versions.compat_problems`)
 the pins render into a Dockerfile (names, versions)    error    ``image.versions``
+with an ``aws:`` section, the head node's root volume  error    ``aws.head_node.root_volume_gb``
+holds an image build (:func:`clustertrain.image.
+footprint.root_volume_problem`: the AMI, Docker's
+data root, the enroot export unless ``image.work_dir``)
 =====================================================  =======  ==============================================
 
 Whether the image file exists, and is on a shared file system, is the launch stage's rule (it is what every
@@ -42,4 +46,12 @@ def image_findings(project: "Project") -> list[Finding]:
             validate_pins(versions, str(source))
     except ImageError as err:
         return [Finding("error", "image.versions", str(err), FIX)]
-    return [Finding("error", f"image.versions: {field}", f"{source}: {message}", FIX) for field, message in problems]
+    out = [Finding("error", f"image.versions: {field}", f"{source}: {message}", FIX) for field, message in problems]
+    from clustertrain.image.footprint import root_volume_problem
+
+    volume = root_volume_problem(project)
+    if volume:
+        field, _, rest = volume.partition(": ")
+        message, _, fix = rest.rpartition("; ")
+        out.append(Finding("error", field, message, fix))
+    return out

@@ -47,7 +47,7 @@ from clustertrain.core.errors import ImageError
 from clustertrain.image.config import NAME_RE, TAG_RE
 from clustertrain.image.paths import image_config, image_ref
 from clustertrain.image.versions import (DEFAULT_VERSIONS, Pin, VersionsFile, check_versions, compat_notes, load_compat,
-                                         load_versions, resolved)
+                                         load_versions, resolved, vtuple)
 from clustertrain.core.templating import environment
 
 if TYPE_CHECKING:
@@ -64,6 +64,16 @@ REPOS = {
 #: removed before the EFA installer runs (research: awsome-distributed-training's Megatron-LM Dockerfile)
 FIGHTS_EFA_PACKAGES = ("ibverbs-utils", "libibverbs-dev", "libibverbs1", "libmlx5-1")
 FIGHTS_EFA_PATHS = ("/opt/hpcx/ompi", "/opt/hpcx/nccl_rdma_sharp_plugin", "/usr/local/mpi", "/opt/amazon/aws-ofi-nccl")
+#: where the EFA installer's aws-ofi-nccl may land (aws-ofi-nccl contrib/debian-template/rules: libnccl-ofi and
+#: libnccl-ofi-ngc-v3 in /opt/amazon/ofi-nccl/lib, ngc-v1/v2 in /opt/amazon/aws-ofi-nccl/lib; the Amazon Linux RPM
+#: in /opt/amazon/ofi-nccl/lib64, shared/facts.md): the recipe registers the one holding the plugin with the loader
+PLUGIN_DIRS = ("/opt/amazon/ofi-nccl/lib", "/opt/amazon/ofi-nccl/lib64", "/opt/amazon/aws-ofi-nccl/lib")
+PLUGIN_CONF = "/etc/ld.so.conf.d/000_clustertrain-ofi-nccl.conf"
+GDRCOPY_CONF = "/etc/ld.so.conf.d/000_clustertrain-gdrcopy.conf"
+#: aws-ofi-nccl names its NCCL plugin libnccl-net-ofi.so from v1.17.0 (src/Makefile.am; libnccl-net.so only with
+#: --enable-nccl-net-library since), libnccl-net.so before
+PLUGIN_RENAMED_IN = (1, 17, 0)
+MEGATRON_DATASETS = "/opt/megatron-lm/megatron/core/datasets"
 #: p5 / p5e are H100 / H200 (sm_90): what NCCL and nccl-tests are compiled for (their defaults build ~6 targets)
 GENCODE = "-gencode=arch=compute_90,code=sm_90"
 #: the base's packages pip must keep exactly as they are in the image's clustertrain environment
@@ -124,6 +134,20 @@ def clone_command(url: str, tag_var: str, dest: str, commit: str | None) -> str:
     return cmd
 
 
+def plugin_library(aws_ofi_nccl: str) -> tuple[str, str | None]:
+    """The NCCL net plugin file of an aws-ofi-nccl version and the ``NCCL_NET_PLUGIN`` that loads it by name
+    (None: NCCL's default name, libnccl-net.so)."""
+    return ("libnccl-net-ofi.so", "ofi") if vtuple(aws_ofi_nccl) >= PLUGIN_RENAMED_IN else ("libnccl-net.so", None)
+
+
+def require_library_command(lib: str, why: str) -> str:
+    """Fail the RUN unless ``ldconfig -p`` lists ``lib``, saying why on stderr (awk reads all of its input: no
+    SIGPIPE under pipefail, and no ``a && b || c`` chain)."""
+    q = shlex.quote
+    return (f"ldconfig -p | awk -v lib={q(lib)} -v msg={q(f'the loader does not list {lib}: {why}')} \\\n"
+            "    '$1 == lib {found = 1} END {if (!found) {print msg > \"/dev/stderr\"; exit 1}}'")
+
+
 def venv_of(interpreter: str) -> str:
     """The venv of the image's interpreter: ``/opt/clustertrain/venv/bin/python`` -> ``/opt/clustertrain/venv``."""
     return str(PurePosixPath(interpreter).parent.parent)
@@ -174,6 +198,8 @@ def dockerfile_text(versions: VersionsFile, *, megatron: bool, wheel_name: str, 
     pins = versions.pins
     mega = _source(pins["megatron_lm"], "megatron-core @ file:///opt/megatron-lm") if megatron else None
     venv = venv_of(versions.interpreter)
+    plugin = versions.component("aws_ofi_nccl")
+    plugin_lib, plugin_env = plugin_library(plugin.version if plugin else "1.22.0")
     return environment(TEMPLATES).get_template("Dockerfile.j2").render(
         clustertrain_version=clustertrain_version,
         pins_file=" ".join(source.split()),
@@ -191,6 +217,13 @@ def dockerfile_text(versions: VersionsFile, *, megatron: bool, wheel_name: str, 
         clone=clone_command,
         fights_efa_packages=FIGHTS_EFA_PACKAGES,
         fights_efa_paths=FIGHTS_EFA_PATHS,
+        plugin_dirs=PLUGIN_DIRS,
+        plugin_conf=PLUGIN_CONF,
+        plugin_lib=plugin_lib,
+        plugin_env=plugin_env,
+        gdrcopy_conf=GDRCOPY_CONF,
+        require=require_library_command,
+        megatron_datasets=MEGATRON_DATASETS,
         gencode=GENCODE,
         base_kept=BASE_KEPT,
         clustertrain_dir=CLUSTERTRAIN_DIR,

@@ -11,6 +11,9 @@ the source it was read from and that source's date.
 * ``python``: the Python packages clustertrain needs beyond the base (installed into the image's
   clustertrain environment, exact versions).
 * ``interpreter``: the image's clustertrain interpreter — the jobs' ``python``.
+* ``footprint``: the disk a build takes (:class:`FootprintSizes`: the base compressed and unpacked, the build
+  stage, what the image adds; each a :class:`Size` with its source), summed per place by
+  :mod:`clustertrain.image.footprint`.
 
 ``compat.yaml`` (:class:`CompatTable`, ``version: 1``): what works with what, each entry with its source —
 the minimum driver per CUDA major (minor-version compatibility), the host driver of the ParallelCluster
@@ -73,6 +76,28 @@ class BaseImage(StrictModel):
     provides: dict[str, Pin] = Field(description="What the base ships: cuda, torch, nccl, python, ubuntu, ... (its release notes).")
 
 
+class Size(StrictModel):
+    gb: float = Field(gt=0, description="Size in GB (10^9 bytes), as docker and the NGC catalog report sizes.")
+    source: str = Field(min_length=8, description="Where it was read, or how it was estimated.")
+    date: str = Field(description="Date of the source (YYYY-MM-DD).")
+
+    @field_validator("date")
+    @classmethod
+    def _date(cls, v: str) -> str:
+        if not _DATE_RE.match(v):
+            raise ValueError(f"date {v!r} must be YYYY-MM-DD")
+        return v
+
+
+class FootprintSizes(StrictModel):
+    """What a build of these pins puts on disk (:mod:`clustertrain.image.footprint` adds them up by place)."""
+
+    base_compressed: Size = Field(description="The NGC base as pulled (its compressed layers).")
+    base_unpacked: Size = Field(description="The NGC base unpacked (what `docker images` shows).")
+    build_stage: Size = Field(description="The build stage beyond the base: compilers, GDRCopy, nccl-tests, NCCL, Megatron-LM.")
+    added: Size = Field(description="What the final image adds to the base: EFA userspace, the copied builds, the venv.")
+
+
 class VersionsFile(StrictModel):
     version: Literal[1] = Field(description="Format version.")
     base: BaseImage
@@ -80,6 +105,8 @@ class VersionsFile(StrictModel):
                                              "megatron_lm, and optionally nccl (replaces the base's).")
     python: dict[str, Pin] = Field(default_factory=dict, description="Python packages clustertrain needs beyond the base.")
     interpreter: str = Field("/opt/clustertrain/venv/bin/python", description="The image's clustertrain interpreter (the jobs' python).")
+    footprint: FootprintSizes | None = Field(None, description="Disk sizes of a build of these pins (GB). None: the sizes "
+                                             "in the versions.yaml shipped with clustertrain.")
 
     def component(self, name: str) -> Pin | None:
         """The pin of ``name`` in the image: the recipe's own, else the base's."""

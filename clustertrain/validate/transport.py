@@ -14,11 +14,28 @@ The messages read here (NCCL ``src/init.cc`` and ``src/plugin/net/*.cc``; aws-of
   is efa (found 4 nics)``) — the libfabric provider: ``efa`` is EFA; ``tcp``/``sockets`` are not.
 * ``NCCL version 2.27.7+cuda12.9``; channel lines ``... via NET/Libfabric/0/GDRDMA`` or ``via NET/Socket/0``.
 
+* ``NET/Plugin: Could not find: libnccl-net.so`` (NCCL ``src/plugin/plugin_open.cc``, ``%s/Plugin: Could not
+  find:%s``) — no net plugin library was found: the reason behind a Socket fallback, named in its verdict.
+
+GDRCopy (:func:`gdrcopy_state`, :func:`gdrcopy_row`). The EFA path uses GDRCopy through libfabric, whose log
+is not NCCL's: with ``FI_LOG_LEVEL=info`` libfabric writes ``libfabric:PID:TIME::core:core:FUNC():LINE<info>
+MSG`` lines to stderr (ofiwg/libfabric ``src/log.c`` ``ofi_log``). Its CUDA memory code (``src/hmem_cuda.c``
+``cuda_hmem_init``; ``src/hmem_cuda_gdrcopy.c``, libfabric >= 2.4.0, ``dlopen("libgdrapi.so")`` by bare name)
+says ``Loaded GDRCopy library: <path>`` when it loaded it, ``Failed to find usable libgdrapi.so`` when the
+loader found none, ``gdr_open failed!`` when the library loaded but the host's ``gdrdrv`` module is absent, and
+``gdrcopy initialization failed! gdrcopy will not be used.`` after either failure. aws-ofi-nccl's own GDRCopy
+use (``src/nccl_ofi_gdrcopy.cpp``, GPU-initiated networking only) logs through NCCL: ``Could not load
+libgdrapi.so``, ``Failed to open gdr handle``; NCCL's (``src/include/gdrwrap.h``, only with
+``NCCL_GDRCOPY_ENABLE=1``, default 0 in ``src/init.cc``) says ``GDRCOPY enabled library 2.5 driver 2.5``.
+A failure line wins over a success line.
+
 :func:`nccl_processes` groups the lines by process (``HOST:PID``); :func:`transport_rows` gives the
 suite's verdict for the collectives job: on a project whose instance family uses EFA (the launch
 preset says so), every process must use aws-ofi-nccl with the ``efa`` provider, and the plugin's
 version must be at least the instance type's minimum (``requirements.yaml``); anything else — a
-``NET/Socket`` fallback above all — is a ``fail`` with a one-line reason.
+``NET/Socket`` fallback above all — is a ``fail`` with a one-line reason. :func:`one_rank_rows` is
+``clustertrain image check``'s verdict on a one-rank NCCL init inside the image: the transport rows plus
+GDRCopy in use.
 """
 
 from __future__ import annotations
@@ -36,6 +53,15 @@ _PROVIDER_RE = re.compile(r"NET/OFI Selected [Pp]rovider is ([\w-]+)")
 _OFI_VER_RE = re.compile(r"NET/OFI (?:Using|Initializing) aws-ofi-nccl v?(\S+)")
 _NCCL_VER_RE = re.compile(r"NCCL version (\d+\.\d+\.\d+\S*)")
 _VIA_RE = re.compile(r"via NET/([A-Za-z][\w ]*?)/\d")
+_PLUGIN_MISSING_RE = re.compile(r"NET/Plugin: Could not find: ?(.+?)\s*$", re.MULTILINE)
+_FI_LINE_RE = re.compile(r"libfabric:\d+:\d+:[^:]*:[\w-]+:\w+:\w*\(\):\d+<\w+> ")
+#: (state, pattern) in the order they are judged: a failure line wins over a success line (module docstring)
+_GDRCOPY = (
+    ("driver missing", re.compile(r"gdr_open failed!|Failed to open gdr handle")),
+    ("not loaded", re.compile(r"Failed to find usable libgdrapi\.so|Could not load libgdrapi\.so|"
+                              r"gdrcopy initialization failed")),
+    ("in use", re.compile(r"Loaded GDRCopy library: ?(\S*)|GDRCOPY enabled library \S+ driver \S+")),
+)
 
 
 @dataclass
@@ -134,6 +160,9 @@ def transport_rows(logs: list[str], *, backend: str | None, efa_expected: bool, 
             why = (f"NCCL fell back to TCP sockets (NET/Socket) on {_hosts(bad)}: EFA is not used; NCCL did not load "
                    "aws-ofi-nccl (check that its library dir, /opt/amazon/ofi-nccl/lib64 or .../lib, is on "
                    "LD_LIBRARY_PATH and that NCCL_NET/NCCL_NET_PLUGIN do not name another network)")
+            missing = sorted({m.group(1) for text in logs for m in _PLUGIN_MISSING_RE.finditer(text)})
+            if missing:
+                why += f"; the log says 'Using network Socket' after 'NET/Plugin: Could not find: {', '.join(missing)}'"
         else:
             why = f"NCCL used {'/'.join(kinds)} on {_hosts(bad)}, not aws-ofi-nccl with the efa provider"
         rows.append(CheckRow(job=job, check="transport", verdict="fail",
@@ -163,3 +192,43 @@ def plugin_version_row(procs: list[NcclProcess], instance_type: str | None, req:
                     found=", ".join(versions), threshold=thr,
                     detail=(f"aws-ofi-nccl {', '.join(old)} is older than {need.version}: {need.source}; "
                             "install a newer EFA installer / plugin" if old else f"minimum: {need.source}"))
+
+
+def gdrcopy_state(text: str) -> tuple[str, str]:
+    """``(state, line)`` of GDRCopy in a log (module docstring): ``driver missing``, ``not loaded``, ``in use`` or
+    ``not logged``; ``line`` is the message that decided it ("" when not logged)."""
+    lines = [ln for ln in text.splitlines() if _FI_LINE_RE.search(ln) or _LINE_RE.search(ln)]
+    for state, pattern in _GDRCOPY:
+        for line in lines:
+            if pattern.search(line):
+                return state, line.split("> ", 1)[-1].split(" NCCL INFO ", 1)[-1].strip()[:160]
+    return "not logged", ""
+
+
+def gdrcopy_row(logs: list[str], *, efa_expected: bool, job: str = "image-check") -> CheckRow:
+    """GDRCopy in use by libfabric (or NCCL) in every log given; required where EFA is."""
+    want = "libgdrapi.so loaded and opened (libfabric 'Loaded GDRCopy library', FI_LOG_LEVEL=info)"
+    if not efa_expected:
+        return CheckRow(job=job, check="gdrcopy", verdict="not-applicable", found="-", threshold=want,
+                        detail="no EFA on this instance type: libfabric, which uses GDRCopy, is not NCCL's network")
+    states = [gdrcopy_state(text) for text in logs] or [("not logged", "")]
+    state, line = next((s for s in states if s[0] != "in use"), states[0])
+    if state == "in use":
+        return CheckRow(job=job, check="gdrcopy", verdict="pass", found=f"in use ({line})", threshold=want)
+    why = {
+        "driver missing": "libgdrapi.so loaded but the host's gdrdrv module did not open (is gdrcopy's kernel module "
+                          "loaded on the node? lsmod | grep gdrdrv)",
+        "not loaded": "the loader found no libgdrapi.so in the image: register GDRCopy's library dir (/opt/gdrcopy/lib) "
+                      "in /etc/ld.so.conf.d and run ldconfig (clustertrain image render does)",
+        "not logged": "no libfabric GDRCopy line: was FI_LOG_LEVEL=info passed, and did NCCL load aws-ofi-nccl?",
+    }[state]
+    return CheckRow(job=job, check="gdrcopy", verdict="fail", found=f"{state}" + (f" ({line})" if line else ""),
+                    threshold=want, detail=why)
+
+
+def one_rank_rows(log: str, *, efa_expected: bool, instance_type: str | None,
+                  requirements: RequirementsConfig | None = None, job: str = "image-check") -> list[CheckRow]:
+    """``image check``'s verdict on the output (stdout and stderr together) of a one-rank NCCL init with
+    ``NCCL_DEBUG=INFO`` and ``FI_LOG_LEVEL=info``: the network (:func:`transport_rows`) and GDRCopy."""
+    return transport_rows([log], backend="nccl", efa_expected=efa_expected, instance_type=instance_type,
+                          requirements=requirements, job=job) + [gdrcopy_row([log], efa_expected=efa_expected, job=job)]

@@ -8,6 +8,7 @@ and the build verifies it with the real superblock reader and unsquashfs.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import tempfile
@@ -18,7 +19,8 @@ from typer.testing import CliRunner
 
 from clustertrain.cli import app as root_app
 from clustertrain.core.errors import ImageError
-from clustertrain.image.build import Command, format_command, plan_build, run_build
+from clustertrain.image.build import Command, format_command, plan_build, plan_places, run_build
+from clustertrain.image.footprint import GB, GIB, root_volume_problem
 from clustertrain.image.paths import image_tag
 from clustertrain.image.squashfs import verify_sqsh
 from clustertrain.resolve import load_project
@@ -30,8 +32,16 @@ FLAGSHIP = ROOT / "examples" / "p5e-80x7.yaml"
 NAME = "clustertrain-train"
 
 
+def small_pins(tmp_path: Path, gb: str = "0.001") -> Path:
+    """The shipped pins with every footprint size set to ``gb``: the flow tests build a few-KB stand-in, and must not
+    depend on this machine having the ~60 GB free that the real sizes ask for (the refusals are tested below)."""
+    pins = tmp_path / "pins.yaml"
+    pins.write_text(re.sub(r"\{gb: [0-9.]+,", f"{{gb: {gb},", (ROOT / "clustertrain" / "image" / "versions.yaml").read_text()))
+    return pins
+
+
 def write_project(tmp_path: Path, image: str = "") -> Path:
-    image = image or f"{{dir: {tmp_path / 'images'}, work_dir: {tmp_path / 'work'}}}"
+    image = image or f"{{dir: {tmp_path / 'images'}, work_dir: {tmp_path / 'work'}, versions: {small_pins(tmp_path)}}}"
     return tiny_project(tmp_path, f"image: {image}", name="imgtest")
 
 
@@ -92,6 +102,11 @@ def flagship_expected(tag: str, notes: list[str]) -> list[str]:
     return [
         f"# image {ref} -> {sqsh}",
         *notes,
+        "# disk: 41.0 GB for Docker's data root under /var/lib/docker (NGC base 11 pulled + 24 unpacked, build stage 4, "
+        "the image's layers 2)",
+        "# disk: 26.0 GB for the enroot export under /scratch/enroot/tmp (`docker export | tar` unpacks the image there "
+        "for mksquashfs, removed after)",
+        "# disk: 26.0 GB for the .sqsh under /fsx/data/images (mksquashfs -noD stores data blocks uncompressed)",
         f"# render the build context (Dockerfile, clustertrain's wheel, versions.json) into {ctx}/ "
         "(`clustertrain image render PROJECT -o DIR` writes the same)",
         f"# build the docker image {ref} on nvcr.io/nvidia/pytorch:26.02-py3",
@@ -114,7 +129,7 @@ def test_golden_dry_run_of_the_flagship(tmp_path: Path, monkeypatch):
     monkeypatch.setenv("PATH", str(empty))  # no docker, no enroot: --dry-run says so in notes, and goes on
     project = load_project(FLAGSHIP)
     lines: list[str] = []
-    result = run_build(project, dry_run=True, work_dir=Path("/scratch"), echo=lines.append)
+    result = run_build(project, dry_run=True, work_dir=Path("/scratch"), echo=lines.append, free_bytes=lambda p: 10**15)
     notes = [f"# note: `image build` needs docker (not found on PATH): build on the head node, where ParallelCluster's "
              "AMI installs Docker and Enroot"]
     if not Path("/fsx/data").is_dir():
@@ -188,6 +203,51 @@ def test_an_images_dir_off_the_shared_file_system_is_refused_also_in_a_dry_run()
     with pytest.raises(ImageError) as e:
         run_build(project, dry_run=True, echo=lambda s: None)
     assert str(e.value).startswith("image.dir: /home/me/images (training images) is not on a shared file system")
+
+
+def test_a_file_system_without_room_is_refused_in_a_dry_run_by_its_real_free_space(tmp_path: Path):
+    """The real shutil.disk_usage of tmp_path: no disk here has a petabyte free."""
+    p = load_project(write_project(tmp_path, f"{{dir: {tmp_path / 'images'}, work_dir: {tmp_path / 'work'}, "
+                                             f"versions: {small_pins(tmp_path, '1000000')}}}"))
+    with pytest.raises(ImageError) as e:
+        run_build(p, dry_run=True, echo=lambda s: None)
+    msg = str(e.value)
+    export = tmp_path / "work" / "enroot" / "tmp"
+    assert "\n" not in msg and msg.startswith(f"{export}: ") and " GB free on its file system, the build needs " in msg
+    # the export and the .sqsh share tmp_path's file system: their needs add up (Docker's root too, where it exists)
+    assert "the enroot export 2000000.0 GB + the .sqsh 2000000.0 GB" in msg
+    assert msg.endswith('pass --work-dir (or set image.work_dir) on a larger disk (docs/image.md, "Disk")')
+    assert not (tmp_path / "work").exists() and not (tmp_path / "images").exists()
+
+
+def test_the_space_check_names_the_place_that_does_not_fit(tmp_path: Path, fakes: Path):
+    p = load_project(write_project(tmp_path, f"{{dir: {tmp_path / 'images'}, work_dir: {tmp_path / 'work'}}}"))
+    plan = plan_build(p)
+    need = sum(pl.need for pl in plan_places(plan)[1:])  # the export and the .sqsh (one file system here)
+    assert need == 52 * GB  # the shipped sizes: 24 + 2 unpacked, twice
+    with pytest.raises(ImageError, match=r"^\S+: 0\.0 GB free on its file system, the build needs [0-9.]+ GB there \("):
+        run_build(p, echo=lambda s: None, render=stub_render, free_bytes=lambda path: 0)
+    assert "docker build" not in fakes.read_text() and not (tmp_path / "images").exists()
+    lines: list[str] = []
+    run_build(p, dry_run=True, echo=lines.append, free_bytes=lambda path: 10**15)
+    assert [ln for ln in lines if ln.startswith("# disk: ")][1:] == [
+        f"# disk: 26.0 GB for the enroot export under {plan.enroot_temp} (`docker export | tar` unpacks the image there "
+        "for mksquashfs, removed after)",
+        f"# disk: 26.0 GB for the .sqsh under {plan.sqsh.parent} (mksquashfs -noD stores data blocks uncompressed)"]
+
+
+def test_a_head_node_root_volume_too_small_for_the_build_is_refused():
+    small = load_project(FLAGSHIP, ["aws.head_node.root_volume_gb=60"])
+    with pytest.raises(ImageError) as e:
+        run_build(small, dry_run=True, echo=lambda s: None, free_bytes=lambda p: 10**15)
+    need = 35 * GIB + 41 * GB + 26 * GB  # the AMI, Docker's data root, the export in the temp dir
+    assert str(e.value) == (
+        f"aws.head_node.root_volume_gb: 60 GiB cannot hold an image build on the head node, which needs "
+        f"{need / GIB:.0f} GiB (the AMI's 35 GiB, Docker's data root 41 GB, the enroot export 26 GB); set it to at "
+        f"least {-(-need // GIB)} (docs/image.md, \"Disk\")")
+    assert root_volume_problem(load_project(FLAGSHIP)) is None  # the flagship's own volume holds it
+    # with image.work_dir elsewhere (an NVMe), the export is not on the root volume
+    assert root_volume_problem(load_project(FLAGSHIP, ["aws.head_node.root_volume_gb=80", "image.work_dir=/nvme"])) is None
 
 
 def test_an_existing_image_is_refused_also_in_a_dry_run(tmp_path: Path):
@@ -300,3 +360,13 @@ def test_an_image_without_the_interpreter_is_not_renamed(tmp_path: Path, fakes: 
     with pytest.raises(ImageError, match=f"does not contain {INTERPRETER}"):
         run_build(p, echo=lambda s: None, render=stub_render)
     assert not plan.sqsh.exists() and not plan.partial.exists()
+
+
+def test_check_errors_on_a_head_node_root_volume_too_small_for_the_build():
+    from clustertrain.image.preflight import image_findings
+
+    assert image_findings(load_project(FLAGSHIP)) == []
+    [f] = image_findings(load_project(FLAGSHIP, ["aws.head_node.root_volume_gb=60"]))
+    assert (f.level, f.path) == ("error", "aws.head_node.root_volume_gb")
+    assert f.message.startswith("60 GiB cannot hold an image build on the head node, which needs ")
+    assert f.fix.startswith("set it to at least ") and f.fix.endswith('(docs/image.md, "Disk")')

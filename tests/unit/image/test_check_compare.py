@@ -11,7 +11,8 @@ import pytest
 
 from clustertrain.core.errors import ImageError
 from clustertrain.image.check import (
-    ImageCheckReport, check_table, compare, judge, matches_pin, pins_for, plan_check, pyxis_missing, run_image_check,
+    PROBE, ImageCheckReport, check_table, compare, judge, matches_pin, pins_for, plan_check, pyxis_missing,
+    run_image_check,
 )
 from clustertrain.image.paths import sqsh_path
 from clustertrain.image.versions import load_versions
@@ -132,14 +133,28 @@ def test_the_job_scans_in_the_image_with_pyxis_flags_on_one_node(tmp_path):
     assert job.job_name == "ic-image-check" and (job.nodes, job.ntasks_per_node) == (1, 1)
     assert "#SBATCH --gpus-per-node=8" in script and '#SBATCH --partition="gpu"' in script and "#SBATCH --exclusive" in script
     res = paths.results("image-check")
-    [step] = job.steps
+    [step, probe] = job.steps
     assert f"--container-image={sqsh_path(p)}" in step and "--no-container-mount-home" in step
     assert f"--container-mounts={res}:{res}" in step
     assert step[-10:] == ("/opt/clustertrain/venv/bin/python", "-m", "clustertrain", "validate", "scan", "--role",
                           "container", "--json", "--instance-type", "p5e.48xlarge")
     assert shlex.join(step[step.index("/opt/clustertrain/venv/bin/python"):]) in script
-    host = plan_check(p, paths, container=False, timeout_s=300).steps[0]
-    assert not any(w.startswith("--container") for w in host) and "/opt/clustertrain/venv/bin/python" not in host
+    # the second step: a one-rank NCCL init in the image, its log beside the scan, under the training NCCL preset
+    assert f"--container-image={sqsh_path(p)}" in probe and f"--output={res}/nccl-init.log" in probe
+    assert list(probe[probe.index("env"):]) == ["env", "NCCL_DEBUG=INFO", "NCCL_DEBUG_SUBSYS=INIT,NET", "FI_LOG_LEVEL=info",
+                                          "/opt/clustertrain/venv/bin/python", "-c", PROBE]
+    assert shlex.join(probe[probe.index("env"):]) in script
+    assert job.env.efa and "export NCCL_SOCKET_IFNAME=" in script  # p5e: the EFA preset, as training has it
+    host = plan_check(p, paths, container=False, timeout_s=300).steps
+    assert len(host) == 1 and not any(w.startswith("--container") for w in host[0])
+    assert "/opt/clustertrain/venv/bin/python" not in host[0]
+    assert len(plan_check(project(tmp_path, gpus=0), paths, container=True, timeout_s=300).steps) == 1  # no GPU
+
+
+def test_the_probe_is_valid_python_that_inits_nccl_on_one_rank():
+    compile(PROBE, "<probe>", "exec")
+    assert "init_process_group('nccl', store=dist.HashStore(), rank=0, world_size=1)" in PROBE
+    assert "dist.all_reduce(t)" in PROBE
 
 
 def test_nothing_to_check_is_refused_before_anything_is_written(tmp_path):
@@ -148,3 +163,39 @@ def test_nothing_to_check_is_refused_before_anything_is_written(tmp_path):
     with pytest.raises(ImageError, match=r"does not exist.*clustertrain image build"):
         run_image_check(project(tmp_path))  # the image: section's .sqsh was never built
     assert not (tmp_path / "fsx").exists()
+
+
+# -- the transport: a one-rank NCCL init in the image ----------------------------------------------------------
+
+VALIDATE_FIXTURES = Path(__file__).parents[1] / "validate" / "fixtures"
+H200_NO_EFA = (VALIDATE_FIXTURES / "nccl-init-1rank-h200-no-efa.log").read_text()  # REAL: a lent H200, no EFA
+ONE_RANK_EFA = (VALIDATE_FIXTURES / "nccl-init-1rank-efa-p5e.log").read_text()      # from the documented formats
+
+
+def test_the_real_socket_fallback_fails_the_image_check_naming_it(tmp_path):
+    p = project(tmp_path)  # p5e.48xlarge: EFA expected
+    rows, failed, message = judge(p, scan_json(**GOOD), container=True, nccl_log=H200_NO_EFA)
+    by = {r.component: r for r in rows}
+    assert [r.verdict for r in rows[:6]] == ["pass"] * 6  # the versions are as pinned: the file is there...
+    assert (by["transport"].verdict, by["transport"].found) == ("fail", "Socket on 1/1 process(es)")  # ...the transport is not
+    assert by["gdrcopy"].verdict == "fail"
+    assert failed and message.startswith("NCCL in the image: transport: Socket on 1/1 process(es); gdrcopy: not logged "
+                                          "(NCCL fell back to TCP sockets (NET/Socket) on vm: EFA is not used")
+    assert "'Using network Socket' after 'NET/Plugin: Could not find: libnccl-net.so'" in message
+    table = check_table(ImageCheckReport(project="ic", image="x.sqsh", container=True, directory=str(tmp_path),
+                                         rows=rows, failed=failed, message=message))
+    assert table.splitlines()[-1].startswith("verdict: FAILED: NCCL in the image: transport: Socket")
+
+
+def test_efa_and_gdrcopy_in_the_one_rank_init_pass(tmp_path):
+    rows, failed, message = judge(project(tmp_path), scan_json(**GOOD), container=True, nccl_log=ONE_RANK_EFA)
+    assert [(r.component, r.verdict) for r in rows[6:]] == [
+        ("transport", "pass"), ("aws-ofi-nccl (NCCL log)", "pass"), ("gdrcopy", "pass")]
+    assert not failed and message == "the pinned versions, in the image"
+
+
+def test_a_probe_that_left_no_log_fails(tmp_path):
+    rows, failed, message = judge(project(tmp_path), scan_json(**GOOD), container=True, nccl_log="")
+    assert failed and {r.component: r.found for r in rows}["transport"] == "not logged"
+    # without a GPU no init step is planned (nccl_log None): the scan alone decides
+    assert judge(project(tmp_path, gpus=0), scan_json(**GOOD), container=True)[1] is False

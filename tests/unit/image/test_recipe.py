@@ -22,8 +22,8 @@ from typer.testing import CliRunner
 
 from clustertrain.cli import app as root_app
 from clustertrain.core.errors import ImageError
-from clustertrain.image.recipe import (REPOS, clone_command, dockerfile_text, git_tag, pinned_commit, render_recipe,
-                                       validate_pins)
+from clustertrain.image.recipe import (REPOS, clone_command, dockerfile_text, git_tag, pinned_commit, plugin_library,
+                                       render_recipe, require_library_command, validate_pins)
 from clustertrain.image.versions import DEFAULT_VERSIONS, VersionsFile, load_versions
 from clustertrain.resolve import load_project
 from tests.support.projects import tiny_project
@@ -320,3 +320,58 @@ def test_without_a_source_tree_the_wheel_cannot_be_built(tmp_path, monkeypatch):
     monkeypatch.setattr(clustertrain, "__file__", str(site / "__init__.py"))
     with pytest.raises(ImageError, match="not from its source tree .* or pass a wheel you built"):
         source_root()
+
+
+# -- the loader: the net plugin and GDRCopy (issue 37) ------------------------------------------------------
+
+def test_the_plugin_and_gdrcopy_dirs_are_registered_and_the_build_requires_both_libraries():
+    text = dockerfile_text(load_versions(), megatron=False, wheel_name=WHEEL, clustertrain_version="0.1.0")
+    efa_run = next(b for b in run_bodies(text) if "efa_installer.sh" in b)
+    assert ("for d in /opt/amazon/ofi-nccl/lib /opt/amazon/ofi-nccl/lib64 /opt/amazon/aws-ofi-nccl/lib; do "
+            'if [ -e "$d/libnccl-net-ofi.so" ]; then echo "$d"; fi; done') in efa_run
+    assert "> /etc/ld.so.conf.d/000_clustertrain-ofi-nccl.conf" in efa_run
+    assert efa_run.index("000_clustertrain-ofi-nccl.conf") < efa_run.index("ldconfig -p | awk -v lib=libnccl-net-ofi.so")
+    final = text.split("\nFROM efa\n", 1)[1]
+    gdr_run = next(b for b in run_bodies(final) if "000_clustertrain-gdrcopy.conf" in b)
+    assert gdr_run.startswith("printf '%s\\n' /opt/gdrcopy/lib > /etc/ld.so.conf.d/000_clustertrain-gdrcopy.conf")
+    assert "awk -v lib=libgdrapi.so" in gdr_run and "awk -v lib=libnccl-net-ofi.so" in gdr_run
+    assert final.index("COPY --from=build /opt/gdrcopy") < final.index("000_clustertrain-gdrcopy.conf")
+
+
+LDCONFIG_P = """\
+1234 libs found in cache `/etc/ld.so.cache'
+\tlibz.so.1 (libc6,x86-64) => /lib/x86_64-linux-gnu/libz.so.1
+\tlibnccl-net-ofi.so (libc6,x86-64) => /opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so
+\tlibgdrapi.so.2 (libc6,x86-64) => /opt/gdrcopy/lib/libgdrapi.so.2
+"""  # the layout of glibc's `ldconfig -p` (this machine's own lines, plus the two libraries the image registers)
+
+
+@pytest.mark.parametrize("listed,lib,ok", [(LDCONFIG_P, "libnccl-net-ofi.so", True),
+                                           (LDCONFIG_P, "libgdrapi.so", False),  # only the .so.2 soname: not found
+                                           (LDCONFIG_P + "\tlibgdrapi.so (libc6,x86-64) => /opt/gdrcopy/lib/libgdrapi.so\n",
+                                            "libgdrapi.so", True)])
+def test_the_library_check_fails_the_run_unless_ldconfig_lists_the_bare_name(tmp_path, listed, lib, ok):
+    """The RUN's own check, run by bash with `ldconfig -p` answering ``listed`` (a function in place of the tool)."""
+    (tmp_path / "listed").write_text(listed)
+    body = f'ldconfig() {{ cat {tmp_path / "listed"}; }}\n' + require_library_command(lib, "why").replace("\\\n", "")
+    done = subprocess.run(["bash", "-o", "pipefail", "-c", body], capture_output=True, text=True)
+    assert (done.returncode == 0) is ok
+    assert done.stderr == ("" if ok else f"the loader does not list {lib}: why\n")
+
+
+def test_the_plugin_library_name_follows_the_pinned_aws_ofi_nccl(tmp_path):
+    assert plugin_library("1.22.0") == ("libnccl-net-ofi.so", "ofi")
+    assert plugin_library("1.17.0") == ("libnccl-net-ofi.so", "ofi")
+    assert plugin_library("1.16.3") == ("libnccl-net.so", None)  # renamed in v1.17.0 (aws-ofi-nccl src/Makefile.am)
+    assert plugin_library("1.14.2-aws") == ("libnccl-net.so", None)
+
+
+def test_megatron_s_dataset_helper_is_built_in_the_image_and_up_to_date_there():
+    text = dockerfile_text(load_versions(), megatron=True, wheel_name=WHEEL, clustertrain_version="0.1.0")
+    build, final = text.split("\nFROM efa\n", 1)
+    clone = next(b for b in run_bodies(build) if "Megatron-LM.git" in b)
+    assert "make -C /opt/megatron-lm/megatron/core/datasets" in clone and "-name 'helpers_cpp*.so'" in clone
+    assert "rm -rf /opt/megatron-lm" not in text  # the checkout keeps helpers.cpp and its Makefile
+    venv = next(b for b in run_bodies(final) if "megatron-core @ file:///opt/megatron-lm" in b)
+    assert "make -q -C /opt/megatron-lm/megatron/core/datasets ||" in venv  # start-up's make finds nothing to do
+    assert "core/datasets" not in dockerfile_text(load_versions(), megatron=False, wheel_name=WHEEL, clustertrain_version="0.1.0")

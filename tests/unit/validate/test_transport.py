@@ -12,7 +12,8 @@ from pathlib import Path
 from clustertrain.resolve import load_project
 from clustertrain.validate import CollectiveRun, parse_output_file
 from clustertrain.validate.suite import JobOutcome, SuiteConfig, SuitePaths, gather, plan_suite, suite_context
-from clustertrain.validate.transport import detect_transport, nccl_processes, transport_rows
+from clustertrain.validate.transport import (detect_transport, gdrcopy_row, gdrcopy_state, nccl_processes, one_rank_rows,
+                                             transport_rows)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 EXAMPLE_P5E = Path(__file__).parents[3] / "examples" / "p5e-80x7.yaml"
@@ -110,3 +111,48 @@ def test_suite_reads_the_nccl_logs_its_collectives_job_leaves(tmp_path):
     (coll.results_dir / "nccl-host-15.log").write_text(efa_logs(16)[15])
     rows = {r.check: r for r in gather(coll, outcome, [], ctx)}
     assert rows["transport"].verdict == "pass"
+
+
+# -- a one-rank init inside the image (`clustertrain image check`) ----------------------------------------------
+
+H200_NO_EFA = (FIXTURES / "nccl-init-1rank-h200-no-efa.log").read_text()  # REAL: recorded on a lent H200, no EFA
+ONE_RANK_EFA = (FIXTURES / "nccl-init-1rank-efa-p5e.log").read_text()      # written from the documented formats
+
+
+def test_the_real_h200_recording_is_diagnosed_as_the_socket_fallback_with_no_plugin_found():
+    assert detect_transport(H200_NO_EFA)["transport"] == "Socket"
+    rows = {r.check: r for r in one_rank_rows(H200_NO_EFA, efa_expected=True, instance_type="p5e.48xlarge")}
+    assert list(rows) == ["transport", "gdrcopy"]  # Socket: no aws-ofi-nccl version row
+    t = rows["transport"]
+    assert (t.verdict, t.found) == ("fail", "Socket on 1/1 process(es)")
+    assert t.detail.startswith("NCCL fell back to TCP sockets (NET/Socket) on vm: EFA is not used")
+    assert "'Using network Socket' after 'NET/Plugin: Could not find: libnccl-net.so'" in t.detail
+    g = rows["gdrcopy"]
+    assert (g.verdict, g.found) == ("fail", "not logged") and "FI_LOG_LEVEL=info" in g.detail
+
+
+def test_a_one_rank_init_over_efa_with_gdrcopy_passes():
+    rows = one_rank_rows(ONE_RANK_EFA, efa_expected=True, instance_type="p5e.48xlarge")
+    assert [(r.check, r.verdict) for r in rows] == [("transport", "pass"), ("aws-ofi-nccl (NCCL log)", "pass"),
+                                                   ("gdrcopy", "pass")]
+    assert rows[1].found == "1.22.0"
+    assert rows[2].found == "in use (Loaded GDRCopy library: /opt/gdrcopy/lib/libgdrapi.so.2.5)"
+
+
+def test_gdrcopy_failures_win_over_success_and_name_the_cause():
+    assert gdrcopy_state(ONE_RANK_EFA) == ("in use", "Loaded GDRCopy library: /opt/gdrcopy/lib/libgdrapi.so.2.5")
+    no_lib = ONE_RANK_EFA.replace("Loaded GDRCopy library: /opt/gdrcopy/lib/libgdrapi.so.2.5",
+                                  "Failed to find usable libgdrapi.so")
+    row = gdrcopy_row([no_lib], efa_expected=True)
+    assert (row.verdict, row.found) == ("fail", "not loaded (Failed to find usable libgdrapi.so)")
+    assert "/opt/gdrcopy/lib" in row.detail
+    no_driver = ONE_RANK_EFA + ("libfabric:4242:1764201600::core:core:cuda_gdrcopy_hmem_init():183<warn> "
+                                "gdr_open failed!\n")
+    row = gdrcopy_row([no_driver], efa_expected=True)
+    assert (row.verdict, row.found) == ("fail", "driver missing (gdr_open failed!)") and "gdrdrv" in row.detail
+    assert gdrcopy_row([H200_NO_EFA], efa_expected=False).verdict == "not-applicable"
+
+
+def test_without_efa_on_the_instance_type_any_network_passes_the_one_rank_check():
+    rows = one_rank_rows(H200_NO_EFA, efa_expected=False, instance_type="g5.12xlarge")
+    assert [(r.check, r.verdict) for r in rows] == [("transport", "pass"), ("gdrcopy", "not-applicable")]

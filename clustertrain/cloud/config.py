@@ -23,6 +23,7 @@ from clustertrain.cloud.limits import (
 from clustertrain.core.schema import StrictModel
 
 __all__ = [
+    "CONTAINERS_CACHE_NAME", "DOCKER_DATA_ROOT", "HEAD_ROOT_VOLUME_GB",
     "AwsConfig", "BucketsConfig", "EbsConfig", "EnrootConfig", "FsxConfig", "HeadNodeConfig", "MonitoringConfig",
     "NetworkConfig", "QueueConfig", "SharedDirsConfig",
     # re-exported from clustertrain.cloud.limits
@@ -33,6 +34,18 @@ __all__ = [
 
 
 # ---------------------------------------------------------------------------------------------
+# constants the node scripts write and other stages read
+
+#: default head node root volume (GiB): awsome-distributed-training's for image builds (see HeadNodeConfig)
+HEAD_ROOT_VOLUME_GB = 500
+#: Docker's default data-root, on the head node's root volume
+DOCKER_DATA_ROOT = "/var/lib/docker"
+#: directory under ``aws.enroot.local_dir`` (the compute node's NVMe) that compute-node.sh creates mode 1777 for the
+#: caches a container keeps under HOME or its image (Triton, Inductor, Transformer Engine); see
+#: :attr:`EnrootConfig.containers_cache`
+CONTAINERS_CACHE_NAME = "containers-cache"
+
+# ---------------------------------------------------------------------------------------------
 # sections
 
 
@@ -41,8 +54,38 @@ class HeadNodeConfig(StrictModel):
     key_name: str | None = Field(
         None, description="EC2 key pair name for SSH to the head node (the name only: key material never goes in the project file)."
     )
-    root_volume_gb: int = Field(100, ge=35, le=16384, description="Head node root volume size in GiB (gp3).")
+    root_volume_gb: int = Field(
+        HEAD_ROOT_VOLUME_GB, ge=35, le=16384,
+        description="Head node root volume size in GiB (gp3). The default, 500, is awsome-distributed-training's head node "
+                    "root volume for image builds (1.architectures/2.aws-parallelcluster/deployment-guides/templates/"
+                    "cluster-vanilla.yaml): `clustertrain image build` keeps the NGC base, the build stage, the `docker save` "
+                    "copy Enroot imports and Enroot's unpacked root on it at once (`image build --dry-run` computes the "
+                    "build's footprint from the pins and refuses a place without the space).",
+    )
     ssm: bool = Field(True, description="Attach AmazonSSMManagedInstanceCore so Session Manager can reach the head node.")
+    docker: bool = Field(
+        True,
+        description="Install Docker on the head node (head-node.sh, OnNodeConfigured) so `clustertrain image build` runs "
+                    "there: ParallelCluster AMIs ship Enroot and Pyxis but not Docker. Set false when images are built "
+                    "elsewhere (then `image build` on the head node refuses: docker missing).",
+    )
+    docker_data_root: str = Field(
+        DOCKER_DATA_ROOT,
+        description="Docker's data-root on the head node (written to /etc/docker/daemon.json): the image layers and the "
+                    "build cache. The default is on the root volume sized by `root_volume_gb`; an `aws.ebs` mount also "
+                    "works. Not on FSx for Lustre: Docker's overlay2 driver needs an ext4 or xfs (ftype=1) backing "
+                    "file system (Docker docs, 'OverlayFS storage driver').",
+    )
+
+    @field_validator("docker_data_root")
+    @classmethod
+    def _data_root(cls, v: str) -> str:
+        if not re.fullmatch(r"/[A-Za-z0-9._/-]*[A-Za-z0-9._-]", v) or "//" in v or "/../" in v + "/" or "/./" in v + "/":
+            raise ValueError(f"docker_data_root {v!r} must be an absolute path of letters, digits, '.', '_', '-', "
+                             f"e.g. {DOCKER_DATA_ROOT}")
+        if v in ("/", "/home", "/opt", "/etc", "/usr", "/var", "/tmp", "/root", "/boot", "/proc", "/sys", "/dev", "/run"):
+            raise ValueError(f"docker_data_root {v!r} is a system directory; use a directory of its own, e.g. {DOCKER_DATA_ROOT}")
+        return v
 
 
 class NetworkConfig(StrictModel):
@@ -300,6 +343,13 @@ class EnrootConfig(StrictModel):
     def _dir(cls, v: str) -> str:
         return check_mount_dir(v)
 
+    @property
+    def containers_cache(self) -> str:
+        """``<local_dir>/containers-cache``: created by compute-node.sh on every compute node's NVMe, mode 1777 (any
+        job user may write, only the owner deletes), for the caches containers would write under HOME (not mounted)
+        or the image: Triton, Inductor (``torch.compile``), Transformer Engine."""
+        return f"{self.local_dir}/{CONTAINERS_CACHE_NAME}"
+
 
 class AwsConfig(StrictModel):
     region: str = Field(..., description="AWS region, e.g. `ap-southeast-3`.")
@@ -402,6 +452,12 @@ class AwsConfig(StrictModel):
         dups = sorted({n for n in snames if snames.count(n) > 1})
         if dups:
             raise ValueError(f"storage name {dups[0]!r} is used twice; storage names must be unique")
+        root = self.head_node.docker_data_root
+        on_fsx = [f.mount_dir for f in self.fsx if root == f.mount_dir or root.startswith(f.mount_dir.rstrip("/") + "/")]
+        if self.head_node.docker and on_fsx:
+            raise ValueError(f"head_node.docker_data_root {root!r} is on the FSx for Lustre mount {on_fsx[0]}, which Docker's "
+                             f"overlay2 driver cannot use (ext4 or xfs only); keep the default {DOCKER_DATA_ROOT} on the "
+                             "root volume or use an aws.ebs mount")
         held = [k for s in self.fsx for k in s.holds]
         duph = sorted({k for k in held if held.count(k) > 1})
         if duph:

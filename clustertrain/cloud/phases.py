@@ -87,11 +87,13 @@ class NodeAction:
 ACTIONS: tuple[NodeAction, ...] = (
     NodeAction(HEAD_SCRIPT, "head", "OnNodeConfigured",
                needs=frozenset({"instance_role", "shared_storage", "slurm_config", "slurmctld"}), before=frozenset(),
-               does="enables Pyxis (scontrol reconfigure), fetches setup-dirs.sh from S3 and creates the job directories "
-                    "on the shared file systems"),
+               does="enables Pyxis with container_scope=job in the NFS-shared /opt/slurm/etc (scontrol reconfigure), "
+                    "fetches setup-dirs.sh from S3 and creates the job directories on the shared file systems, installs "
+                    "Docker for image builds"),
     NodeAction(COMPUTE_SCRIPT, "compute", "OnNodeConfigured",
                needs=frozenset({"ephemeral_nvme"}), before=frozenset({"slurmd"}),
-               does="puts Enroot's paths on the local NVMe before slurmd accepts container jobs"),
+               does="puts Enroot's paths and the containers' cache directory on the local NVMe before slurmd accepts "
+                    "container jobs"),
 )
 ACTION_BY_SCRIPT = {a.script: a for a in ACTIONS}
 

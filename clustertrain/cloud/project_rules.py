@@ -97,6 +97,27 @@ def deploy_fix(project: "Project", output: str = "") -> str:
     return f"run `{cmd}`: the stack's {output + ' ' if output else ''}output{where} fills it"
 
 
+def reservation_findings(aws: AwsConfig) -> list[Finding]:
+    """``min_count`` below ``max_count`` on a queue that targets an On-Demand Capacity Reservation: the reserved
+    instances are paid for whether they run or not, and the dynamic ones are launched (and boot through the node
+    scripts) for each job and stopped when idle. awsome-distributed-training's ParallelCluster templates keep
+    MinCount = MaxCount for reserved capacity (``1.architectures/2.aws-parallelcluster/deployment-guides/templates/
+    cluster-vanilla.yaml``: "if min = max then capacity is maintained and will not scale down"; ../shared/facts.md).
+    A Capacity Block with min < max is pcluster's own error (``ComputeResourceSizeValidator``), not repeated here."""
+    out = []
+    for i, q in enumerate(aws.queues):
+        if q.capacity_type != "ONDEMAND" or not q.reserved or q.min_count is None or q.min_count >= q.max_count:
+            continue
+        dynamic = q.max_count - q.min_count
+        out.append(Finding("warning", f"aws.queues[{i}].min_count",
+                           f"{q.min_count} is below max_count ({q.max_count}) on the targeted capacity reservation "
+                           f"{q.capacity_reservation_id}: its {q.max_count} instances are paid for anyway, and {dynamic} "
+                           "of them become dynamic nodes that launch and boot for each job and stop when idle",
+                           f"remove aws.queues[{i}].min_count (with a reservation it defaults to max_count, static "
+                           f"nodes) or set it to {q.max_count}"))
+    return out
+
+
 def project_findings(project: "Project", catalog: InstanceCatalog | None = None) -> list[Finding]:
     """Every problem of the ``aws:`` section that the project model alone cannot see; [] without ``aws:``."""
     aws = project.aws
@@ -123,6 +144,7 @@ def project_findings(project: "Project", catalog: InstanceCatalog | None = None)
             err(f"aws.queues[{i}].efa", f"{q.instance_type} does not support EFA", "remove efa or pick an EFA type (e.g. p5e.48xlarge)")
         if q.gpu_health_checks and facts.gpus == 0:
             err(f"aws.queues[{i}].gpu_health_checks", f"{q.instance_type} has no NVIDIA GPU", "set gpu_health_checks: false")
+    out += reservation_findings(aws)
     cl = project.cluster
     if cl.partition is not None:
         names = [q.name for q in aws.queues]

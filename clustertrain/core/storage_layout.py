@@ -48,6 +48,8 @@ if TYPE_CHECKING:
     from clustertrain.project import Project
 
 KINDS = ("datasets", "checkpoints", "logs", "tensorboard", "outputs")
+#: last component of :meth:`StorageLayout.bench_dir`
+BENCH_DIR_NAME = "storage-bench"
 #: project-file field that overrides each kind's base
 FIELDS = {"datasets": "storage.datasets", "checkpoints": "storage.runs", "logs": "storage.logs",
           "tensorboard": "storage.tensorboard", "outputs": "storage.outputs"}
@@ -80,6 +82,13 @@ class StorageLayout:
 
     def validation_dir(self) -> Path:
         return self.outputs / self.project / "validation"
+
+    def bench_dir(self, target: str | Path) -> Path:
+        """Where the storage benchmark writes on the file system mounted at ``target`` (one of :attr:`mounts`, or the
+        runs base of a project without them): ``<target>/<project>/validation/storage-bench``. A mount's root is
+        root-owned 0755 on a real file system; this directory is the project's (``setup-dirs.sh`` creates it on every
+        shared mount with the per-model directories' owner and mode, :func:`project_dirs`)."""
+        return Path(target) / self.project / "validation" / BENCH_DIR_NAME
 
     def suspects_file(self) -> Path:
         """The project's suspect-node list (:mod:`clustertrain.monitor.suspects`), beside its run directories: every
@@ -216,6 +225,7 @@ def project_dirs(project: "Project") -> list[str]:
     parents first: what ``setup-dirs.sh`` creates (so each gets the owner and mode, not just the leaves)."""
     layout = storage_layout(project)
     leaves: list[Path] = [layout.datasets, layout.validation_dir()] + ([layout.images] if layout.images else [])
+    leaves += [layout.bench_dir(m) for m in layout.mounts]
     for m in project.models:
         leaves += [layout.run_dir(m.name), layout.log_dir(m.name)]
         tb = layout.tensorboard_dir(m.name)

@@ -7,15 +7,22 @@ There is no "accept a plain directory" escape hatch any more: it hid that OnNode
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from clustertrain.cloud import model_dirs, render_node_scripts, write_node_scripts
+from clustertrain.core.storage_layout import storage_layout
+
+#: the files the node scripts must write (tests/unit/cloud/test_node_config.py pins them to the renderer)
+GOLDEN = Path(__file__).resolve().parents[2] / "unit" / "cloud" / "golden" / "node-config"
+GOLDEN_ENROOT_BLOCK = GOLDEN / "enroot.conf.block"
 
 pytestmark = pytest.mark.slow
 
@@ -150,15 +157,54 @@ def test_compute_node_rewrites_a_preexisting_enroot_conf_idempotently(scripts, w
         "# enroot.conf as the enroot package installs it (abridged)",
         "#ENROOT_LIBRARY_PATH        /usr/lib/enroot",
         "ENROOT_SQUASH_OPTIONS -noI -noD",
-        "# BEGIN clustertrain",
-        "ENROOT_RUNTIME_PATH /scratch/enroot/runtime/user-$(id -u)",
-        "ENROOT_CACHE_PATH /scratch/enroot/cache/group-$(id -g)",
-        "ENROOT_DATA_PATH /scratch/enroot/data/user-$(id -u)",
-        "ENROOT_TEMP_PATH /scratch/enroot/tmp",
-        "# END clustertrain",
-    ]
+    ] + GOLDEN_ENROOT_BLOCK.read_text().splitlines()
     for d in ("runtime", "cache", "data", "tmp"):
         assert stat.S_IMODE((weird_root / "scratch/enroot" / d).stat().st_mode) == 0o1777
+    assert stat.S_IMODE((weird_root / "scratch/containers-cache").stat().st_mode) == 0o1777
+
+
+#: ParallelCluster's sample enroot.conf, abridged: aws/aws-parallelcluster-cookbook@f75d84c
+#: cookbooks/aws-parallelcluster-platform/templates/enroot/enroot.conf.erb rendered with the cookbook's attributes
+#: (temporary_dir /run/enroot, persistent_dir /var/enroot), as users copy it from /opt/parallelcluster/examples/enroot
+PCLUSTER_SAMPLE_CONF = """\
+#ENROOT_LIBRARY_PATH        /usr/lib/enroot
+#ENROOT_SYSCONF_PATH        /etc/enroot
+ENROOT_RUNTIME_PATH         /run/enroot/runtime/user-$(id -u)
+ENROOT_DATA_PATH            /run/enroot/data/user-$(id -u)
+ENROOT_CONFIG_PATH          /var/enroot/config/user-$(id -u)
+ENROOT_CACHE_PATH           /var/enroot/cache/group-$(id -g)
+#ENROOT_TEMP_PATH           ${TMPDIR:-/tmp}
+
+# Options passed to mksquashfs to produce container images.
+ENROOT_SQUASH_OPTIONS -noI -noD -noF -noX -no-duplicates
+
+# Make the container root filesystem writable by default.
+ENROOT_ROOTFS_WRITABLE     yes
+
+# Mount the current user's home directory by default.
+ENROOT_MOUNT_HOME          no
+
+# Restrict /dev inside the container to a minimal set of devices.
+ENROOT_RESTRICT_DEV        no
+"""
+
+
+@needs_mount_ns
+def test_compute_node_over_parallelclusters_sample_keeps_one_setting_per_key(scripts, weird_root, tmp_path):
+    """A node where someone installed the sample first: every key we own appears once (ours), the rest stays."""
+    (weird_root / "scratch").mkdir()
+    conf = weird_root / "etc/enroot/enroot.conf"
+    conf.parent.mkdir(parents=True)
+    conf.write_text(PCLUSTER_SAMPLE_CONF)
+    r = _run_with_mounts(scripts["compute-node.sh"], [weird_root / "scratch"], _env(weird_root, tmp_path / "c.log"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = conf.read_text().splitlines()
+    keys = [ln.split()[0] for ln in lines if ln.startswith("ENROOT_")]
+    assert len(keys) == len(set(keys)), lines
+    assert "ENROOT_CONFIG_PATH          /var/enroot/config/user-$(id -u)" in lines
+    assert "ENROOT_SQUASH_OPTIONS -noI -noD -noF -noX -no-duplicates" in lines
+    assert lines[-len(GOLDEN_ENROOT_BLOCK.read_text().splitlines()):] == GOLDEN_ENROOT_BLOCK.read_text().splitlines()
+    assert "# Make the container root filesystem writable by default." in lines  # comments are kept
 
 
 @needs_mount_ns
@@ -175,7 +221,150 @@ def test_compute_node_refuses_a_local_dir_that_is_not_mounted(scripts, weird_roo
     assert conf.read_text() == PACKAGE_CONF and not (weird_root / "scratch/enroot").exists()
 
 
-def test_head_node_script_leaves_enroot_conf_alone(scripts):
-    text = scripts["head-node.sh"].read_text()
-    assert "enroot.conf" not in text.replace("compute-node.sh owns /etc/enroot/enroot.conf", "")
+def test_no_script_accepts_a_plain_directory_for_a_mount(scripts):
     assert "CLUSTERTRAIN_MOUNT_CHECK" not in "".join(p.read_text() for p in scripts.values())
+
+
+# ----- head-node.sh: Pyxis for the cluster, the job directories, Docker ---------------------------------------------
+
+AWS_STANDIN = """#!/bin/bash
+# stand-in for the AWS CLI: `aws s3 cp s3://BUCKET/KEY DEST` from $S3_DIR/BUCKET/KEY, as the rehearsal's shim
+args=(); for a in "$@"; do [[ $a == --only-show-errors ]] || args+=("$a"); done
+[[ ${args[0]} == s3 && ${args[1]} == cp ]] || exit 1
+exec cp -- "$S3_DIR/${args[2]#s3://}" "${args[3]}"
+"""
+#: stand-ins for what a package install does on a real head node: `dnf install docker` leaves a docker command
+#: whose buildx plugin answers; systemctl and usermod record their arguments
+DNF_STANDIN = """#!/bin/bash
+echo "dnf $*" >>"$CALLS"
+printf '#!/bin/bash\\necho "docker $*" >>"$CALLS"\\n' >"$BIN/docker"
+chmod +x "$BIN/docker"
+"""
+RECORDER = """#!/bin/bash
+echo "$(basename "$0") $*" >>"$CALLS"
+"""
+
+
+#: the system directories the head node script runs with (this machine may have a docker in /usr/local/bin)
+SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def _head_env(tmp_path: Path, scenario, scripts: dict[str, Path], root: Path, os_id: str) -> dict[str, str]:
+    """PATH with the stand-ins (no docker yet), the node scripts "uploaded" to a directory the aws stand-in serves,
+    ``root/etc/os-release`` saying ``os_id``, a Pyxis plugin file and systemd's run directory under ``root``."""
+    from clustertrain.cloud.pcluster import scripts_uri
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in {"aws": AWS_STANDIN, "dnf": DNF_STANDIN, "systemctl": RECORDER, "usermod": RECORDER,
+                       "scontrol": RECORDER}.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    s3 = tmp_path / "s3"
+    dest = s3 / scripts_uri(scenario).removeprefix("s3://")
+    dest.mkdir(parents=True)
+    for name, path in scripts.items():
+        shutil.copy(path, dest / name)
+    (root / "etc").mkdir(parents=True, exist_ok=True)
+    (root / "etc/os-release").write_text(f'NAME="test"\nID={os_id}\nVERSION_CODENAME=jammy\n')
+    (root / "usr/local/lib/slurm").mkdir(parents=True)
+    (root / "usr/local/lib/slurm/spank_pyxis.so").write_bytes(b"\x7fELF")
+    (root / "run/systemd/system").mkdir(parents=True)
+    (bin_dir / "python3").symlink_to(sys.executable)  # the daemon.json merge; PATH below has no other python
+    return _env(root, tmp_path / "head.log", PATH=f"{bin_dir}:{SYSTEM_PATH}", S3_DIR=str(s3), BIN=str(bin_dir), CALLS=str(tmp_path / "calls"))
+
+
+def _head_run(scenario, scripts, root, env) -> subprocess.CompletedProcess:
+    mounts = sorted(set(scenario.aws.layout().values()))
+    for m in mounts:
+        (root / m.lstrip("/")).mkdir(parents=True, exist_ok=True)
+    user, group = _me()
+    return _run_with_mounts(scripts["head-node.sh"], [root / m.lstrip("/") for m in mounts], env, user, group)
+
+
+@needs_mount_ns
+def test_head_node_writes_the_golden_pyxis_config_and_installs_docker_once(scenario, scripts, weird_root, tmp_path):
+    if shutil.which("docker", path=SYSTEM_PATH):
+        pytest.skip(f"docker is installed in {SYSTEM_PATH}: the install branch would not run")
+    env = _head_env(tmp_path, scenario, scripts, weird_root, "amzn")
+    first = _head_run(scenario, scripts, weird_root, env)
+    assert first.returncode == 0, first.stdout + first.stderr
+    etc = weird_root / "opt/slurm/etc"
+    assert (etc / "plugstack.conf").read_text() == (GOLDEN / "plugstack.conf").read_text()
+    assert (etc / "plugstack.conf.d/pyxis.conf").read_text() == (GOLDEN / "pyxis.conf").read_text()
+    assert stat.S_IMODE((weird_root / "run/pyxis").stat().st_mode) == 0o1777
+    assert not (weird_root / "etc/enroot").exists()  # the head node's Enroot settings are left alone
+    # setup-dirs.sh ran: the benchmark directory on each mount is the project's
+    for m in storage_layout(scenario).mounts:
+        bench = weird_root / storage_layout(scenario).bench_dir(m).relative_to("/")
+        assert stat.S_IMODE(bench.stat().st_mode) == 0o2775, bench
+    user = _me()[0]
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert calls == ["scontrol reconfigure", "dnf install -y docker", "docker buildx version",
+                     "systemctl enable docker.service", "systemctl restart docker.service", f"usermod -aG docker -- {user}"]
+    assert json.loads((weird_root / "etc/docker/daemon.json").read_text()) == {"data-root": "/var/lib/docker"}
+    assert (weird_root / "var/lib/docker").is_dir()
+    # a second run: Docker is there, daemon.json unchanged -> no install, a start instead of a restart
+    (tmp_path / "calls").unlink()
+    daemon = weird_root / "etc/docker/daemon.json"
+    daemon.write_text('{"log-driver": "json-file", "data-root": "/var/lib/docker"}')
+    second = _head_run(scenario, scripts, weird_root, env)
+    assert second.returncode == 0, second.stdout + second.stderr
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert "dnf install -y docker" not in calls and "systemctl restart docker.service" in calls  # reformatted: changed
+    assert json.loads(daemon.read_text()) == {"data-root": "/var/lib/docker", "log-driver": "json-file"}
+    (tmp_path / "calls").unlink()
+    third = _head_run(scenario, scripts, weird_root, env)
+    assert third.returncode == 0
+    assert "systemctl start docker.service" in (tmp_path / "calls").read_text().splitlines()
+    assert (etc / "plugstack.conf.d/pyxis.conf").read_text() == (GOLDEN / "pyxis.conf").read_text()
+
+
+APT_STANDIN = """#!/bin/bash
+echo "apt-get $*" >>"$CALLS"
+if [[ " $* " == *" docker-buildx-plugin "* ]]; then
+  printf '#!/bin/bash\\necho "docker $*" >>"$CALLS"\\n' >"$BIN/docker"
+  chmod +x "$BIN/docker"
+fi
+"""
+CURL_STANDIN = """#!/bin/bash
+echo "curl $*" >>"$CALLS"
+while [[ $# -gt 0 ]]; do [[ $1 == -o ]] && { echo "key" >"$2"; shift; }; shift; done
+"""
+
+
+@needs_mount_ns
+def test_head_node_on_ubuntu_uses_dockers_apt_repository(scenario, scripts, weird_root, tmp_path):
+    if shutil.which("docker", path=SYSTEM_PATH):
+        pytest.skip(f"docker is installed in {SYSTEM_PATH}: the install branch would not run")
+    env = _head_env(tmp_path, scenario, scripts, weird_root, "ubuntu")
+    for name, text in {"apt-get": APT_STANDIN, "curl": CURL_STANDIN, "dpkg": "#!/bin/bash\necho amd64\n"}.items():
+        (tmp_path / "bin" / name).write_text(text)
+        (tmp_path / "bin" / name).chmod(0o755)
+    r = _head_run(scenario, scripts, weird_root, env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert calls[:8] == ["scontrol reconfigure", "apt-get update -y", "apt-get install -y ca-certificates curl",
+                         "curl -fsSL https://download.docker.com/linux/ubuntu/gpg -o "
+                         f"{weird_root}/etc/apt/keyrings/docker.asc", "apt-get update -y",
+                         "apt-get install -y docker-ce docker-ce-cli containerd.io docker-buildx-plugin",
+                         "docker buildx version", "systemctl enable docker.service"]
+    assert (weird_root / "etc/apt/sources.list.d/docker.list").read_text() == (
+        "deb [arch=amd64 signed-by=/etc/apt/keyrings/docker.asc] https://download.docker.com/linux/ubuntu jammy stable\n")
+    assert (weird_root / "etc/apt/keyrings/docker.asc").read_text() == "key\n"
+    assert json.loads((weird_root / "etc/docker/daemon.json").read_text()) == {"data-root": "/var/lib/docker"}
+
+
+@needs_mount_ns
+def test_head_node_on_an_os_without_a_docker_recipe_logs_an_error_and_boots(scenario, scripts, weird_root, tmp_path):
+    if shutil.which("docker", path=SYSTEM_PATH):
+        pytest.skip(f"docker is installed in {SYSTEM_PATH}: the install branch would not run")
+    env = _head_env(tmp_path, scenario, scripts, weird_root, "rocky")
+    r = _head_run(scenario, scripts, weird_root, env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    log = (tmp_path / "head.log").read_text()
+    assert "ERROR: no Docker install for OS rocky" in log and "'clustertrain image build' cannot run" in log
+    assert "dnf" not in (tmp_path / "calls").read_text()
+    assert not (weird_root / "etc/docker").exists()
+    assert (weird_root / "opt/slurm/etc/plugstack.conf.d/pyxis.conf").read_text() == (GOLDEN / "pyxis.conf").read_text()
+    assert log.rstrip().endswith("head-node: done")

@@ -1,7 +1,7 @@
 """The validation suite as Slurm jobs: ``run_suite(project, SuiteConfig, env)`` -> :class:`SuiteReport`.
 
 Built as values first: :func:`plan_suite` asks each check unit (:mod:`clustertrain.validate.suite_checks`:
-smoke, gpu-efa, collectives, storage-K) for its :class:`SuiteJob` values; :func:`render_job` renders one as
+smoke, gpu-efa, collectives, nccl-tests, storage-K) for its :class:`SuiteJob` values; :func:`render_job` renders one as
 a batch script. :func:`run_suite` then writes each job's config file and script into a new suite directory
 (:mod:`clustertrain.validate.suitedir` names every path and documents ``report.json``), submits them through
 the launch stage (:mod:`clustertrain.launch.batch`), waits, gathers and judges what each job left, and
@@ -10,6 +10,13 @@ writes ``report.json`` last.
 Each job has its own limits: :func:`run_suite` cancels a job still running past ``job_timeout_s`` (or
 pending past ``start_timeout_s``) and turns it into a failed ``job`` row. Thresholds are data
 (``thresholds.yaml``, :mod:`clustertrain.validate.thresholds`), looked up per instance type.
+
+In the image: with a container image (``cluster.container_image`` or the ``image:`` section's), the smoke,
+collectives, nccl-tests and storage steps run through Pyxis in it with training's srun options, mounts and
+environment (:func:`~clustertrain.validate.suitejob.in_image`) and the image's interpreter; the GPU/EFA job is
+the host scan (driver, EFA devices, kernel modules) and runs on the bare node. :func:`require_image` refuses,
+before anything is planned or written, a project whose image file is missing and a GPU project without an
+image; a CPU project without one (``gpus_per_node: 0``) runs its steps on the hosts.
 
 Where: the storage layout's ``validation_dir()`` (``<outputs>/<project>/validation/``); an ``aws:`` project
 must have it on a shared mount, else the suite refuses naming the field (:func:`validation_base`).
@@ -24,7 +31,7 @@ from pathlib import Path
 
 from clustertrain.core.errors import LaunchError
 from clustertrain.launch.batch import batch_state, cancel_job, submit_script
-from clustertrain.core.storage_layout import off_mount_problems, require_mounted, storage_layout
+from clustertrain.core.storage_layout import off_mount_problems, require_mounted, storage_layout, unmounted_here
 from clustertrain.project import Project
 from clustertrain.core.run_paths import write_atomic
 from clustertrain.core.states import State
@@ -58,6 +65,28 @@ def validation_base(project: Project) -> Path:
     return layout.validation_dir()
 
 
+def require_image(project: Project) -> None:
+    """Refuse in one line (:class:`ValidateError`): a GPU project without a container image (the suite measures the
+    image's NCCL and aws-ofi-nccl, as training uses them), and a project whose image file does not exist. An image
+    on a cluster mount this machine does not have cannot be seen from here and is not refused (the head node sees
+    it); a registry reference is pulled by Enroot on each node."""
+    image = project.container_image
+    where = project.source
+    if image is None:
+        if project.cluster.gpus_per_node:
+            raise ValidateError(f"{where}: no container image: the suite runs its GPU and collective steps in the image "
+                                f"training uses; build one with `clustertrain image build {project.file or 'PROJECT'}` (an "
+                                "`image:` section, docs/image.md) or set cluster.container_image")
+        return
+    if not image.startswith(("/", "./", "../")) or Path(image).is_file() or unmounted_here(project, image):
+        return
+    if project.cluster.container_image:
+        raise ValidateError(f"cluster.container_image: {image} does not exist; import it (`enroot import -o {image} "
+                            "dockerd://IMAGE`) or correct cluster.container_image")
+    raise ValidateError(f"image: {image} does not exist (the image is not built); build it with "
+                        f"`clustertrain image build {project.file or 'PROJECT'}`")
+
+
 def new_suite_dir(project: Project, now: datetime | None = None) -> SuitePaths:
     base = validation_base(project)
     stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
@@ -74,10 +103,14 @@ def new_suite_dir(project: Project, now: datetime | None = None) -> SuitePaths:
 def suite_context(project: Project, cfg: SuiteConfig, paths: SuitePaths,
                   table: ThresholdsConfig | None = None) -> SuiteContext:
     """The context the check units plan and judge with (the default collectives sweep filled in)."""
+    from clustertrain.launch.sbatch import interpreter
+
     table = table or load_thresholds()
     key = thresholds_key(table, project.cluster.instance_type, project.cluster.gpus_per_node)
     if cfg.collectives is None:
         cfg = cfg.model_copy(update={"collectives": default_collectives(project, table)})
+    if cfg.python is None:
+        cfg = cfg.model_copy(update={"python": interpreter(project)})
     return SuiteContext(project, cfg, paths, table, key)
 
 
@@ -92,7 +125,9 @@ def plan_checks(ctx: SuiteContext) -> list[tuple[str, list[SuiteJob], str | None
 
 def plan_suite(project: Project, cfg: SuiteConfig, paths: SuitePaths,
                table: ThresholdsConfig | None = None) -> tuple[list[SuiteJob], dict[str, str]]:
-    """The jobs to submit, and the checks that do not apply with the reason (``gpu-efa`` without GPUs)."""
+    """The jobs to submit, and the checks that do not apply with the reason (``gpu-efa`` without GPUs); a project
+    :func:`require_image` refuses is refused first."""
+    require_image(project)
     planned = plan_checks(suite_context(project, cfg, paths, table))
     return [j for _, jobs, _ in planned for j in jobs], {name: why for name, _, why in planned if why}
 
@@ -124,6 +159,7 @@ def run_suite(project: Project, cfg: SuiteConfig, env: Mapping[str, str] | None 
 
     require_mounted(project, storage_layout(project).validation_dir(), "the validation suite's results",
                     f"clustertrain validate suite {project.file or 'PROJECT'}")
+    require_image(project)
     require_slurm(env)
     paths = new_suite_dir(project)
     ctx = suite_context(project, cfg, paths, thresholds)

@@ -4,6 +4,8 @@ A check unit (:mod:`clustertrain.validate.suite_checks`) plans its jobs as :clas
 :class:`SuiteContext` (the project, :class:`SuiteConfig`, the suite's paths, the thresholds entry) and
 judges what they left. This module holds those values, :func:`new_job` (a job with the project's Slurm
 settings), :func:`srun_step` (one ``srun`` argv whose output lands in the job's results directory),
+:func:`in_image` (the Pyxis options that put a step in the project's image, exactly as training's steps are:
+:func:`clustertrain.launch.sbatch.container_options`), :func:`job_env` (the ranks' environment),
 :func:`render_job` (the batch script, ``launch/templates/validate.sh.j2`` through
 :mod:`clustertrain.core.templating`) and :func:`job_rows` (the ``job`` row every job gets).
 
@@ -14,7 +16,6 @@ everything in the shell body through ``shlex.quote`` (filter ``q``); ``%`` in a 
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -24,8 +25,10 @@ from clustertrain import __version__
 from clustertrain.core import templating
 from clustertrain.core.errors import LaunchError
 from clustertrain.launch.config import ENV_NAME_RE
-from clustertrain.launch.presets import RankEnvironment
-from clustertrain.launch.sbatch import TEMPLATES, check_renderable, sbatch_quote, slurm_filename
+from clustertrain.launch.presets import RankEnvironment, rank_environment
+from clustertrain.launch.sbatch import (
+    TEMPLATES, check_renderable, container_env_names, container_options, container_step, sbatch_quote, slurm_filename,
+)
 from clustertrain.project import Project
 from clustertrain.core.ranks import batch_lines
 from clustertrain.core.schema import StrictModel
@@ -49,13 +52,15 @@ class SuiteConfig(StrictModel):
         None, description="Collectives benchmark (fault: rehearsal only); None: the project's default sweep "
                           "(default_collectives: up to the bandwidth bands on GPUs, 1 MiB on CPU).")
     storage: StorageBenchConfig = Field(default_factory=StorageBenchConfig, description="Storage bench per mount.")
-    python: str = Field(default_factory=lambda: sys.executable, description="Python on the nodes.")
+    python: str | None = Field(None, description="Python of the steps; None: the ranks' interpreter "
+                                                 "(clustertrain.launch.sbatch.interpreter: launch.python, else the "
+                                                 "image's, else the one running clustertrain).")
 
 
 @dataclass(frozen=True)
 class SuiteContext:
-    """What a check unit plans and judges with. ``cfg.collectives`` is always set (the default sweep filled in);
-    ``key``: the thresholds.yaml entry of the project."""
+    """What a check unit plans and judges with. ``cfg.collectives`` and ``cfg.python`` are always set (the default
+    sweep and the ranks' interpreter filled in); ``key``: the thresholds.yaml entry of the project."""
 
     project: Project
     cfg: SuiteConfig
@@ -115,6 +120,28 @@ def srun_step(ctx: SuiteContext, nodes: int, per_node: int | None, results: Path
     argv += [f"--ntasks-per-node={per_node}"] if per_node else ["--ntasks=1"]
     stem = slurm_filename(results) + "/" + pattern
     return [*argv, *extra, *ctx.project.launch.srun_args, f"--output={stem}", f"--error={stem}.err"]
+
+
+def job_env(ctx: SuiteContext, nodes: int) -> RankEnvironment:
+    """The environment training's ranks get on ``nodes`` nodes (the project's NCCL/EFA preset and launch.env):
+    every job of a project with a container image runs with it, so the image sees what training gives it."""
+    p = ctx.project
+    return rank_environment(p.cluster.instance_type, nodes, p.launch, os=p.aws.os if p.aws else None,
+                            container=bool(p.container_image))
+
+
+def in_image(ctx: SuiteContext, env: RankEnvironment, workdir: Path,
+             dirs: tuple[Path, ...] = ()) -> tuple[tuple[str, ...], RankEnvironment]:
+    """A step in the project's image: its Pyxis options and the job's environment, from the functions training's
+    steps use (:func:`~clustertrain.launch.sbatch.container_step`, :func:`~clustertrain.launch.sbatch.container_options`):
+    the image, the named container, the mounts (the shared mounts or storage bases, the suite directory, ``dirs``, the
+    node-local cache root), ``--container-env`` of ``env`` with the cache variables, ``workdir``, HOME not mounted.
+    Without an image: no option, ``env`` as it is."""
+    image = ctx.project.container_image
+    if not image:
+        return (), env
+    mounts, env = container_step(ctx.project, env, workdir, (ctx.paths.root, *dirs))
+    return tuple(container_options(image, mounts, container_env_names(env), workdir)), env
 
 
 def check_job(job: SuiteJob) -> None:

@@ -1,5 +1,5 @@
 """The checks of the validation suite, one small unit each, planned and judged in this order:
-:mod:`smoke`, :mod:`gpu_efa`, :mod:`collectives`, :mod:`storage` (:data:`CHECKS`).
+:mod:`smoke`, :mod:`gpu_efa`, :mod:`collectives`, :mod:`nccl_tests`, :mod:`storage` (:data:`CHECKS`).
 
 Every unit module has the same shape:
 
@@ -13,8 +13,8 @@ Every unit module has the same shape:
 ``ctx`` is a :class:`~clustertrain.validate.suitejob.SuiteContext`; ``nodes`` the hosts Slurm ran the job on.
 """
 
-from clustertrain.validate.suite_checks import collectives, gpu_efa, smoke, storage
+from clustertrain.validate.suite_checks import collectives, gpu_efa, nccl_tests, smoke, storage
 
-CHECKS = (smoke, gpu_efa, collectives, storage)
+CHECKS = (smoke, gpu_efa, collectives, nccl_tests, storage)
 
-__all__ = ["CHECKS", "collectives", "gpu_efa", "smoke", "storage"]
+__all__ = ["CHECKS", "collectives", "gpu_efa", "nccl_tests", "smoke", "storage"]

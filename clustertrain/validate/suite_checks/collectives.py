@@ -7,8 +7,10 @@ validate collectives --json --config SUITE/config/collectives.json`` (rank 0's r
 of the run with the backend (NCCL on GPUs, gloo on CPU) and the largest size filled in. The job gets the
 project's NCCL/EFA rank environment; on CPU ``OMP_NUM_THREADS=1`` unless set; on NCCL also ``NCCL_DEBUG=INFO``
 (:data:`NCCL_DEBUG_ENV`: ``nccl-<host>-<pid>.log`` in the results directory), from which the transport
-verdict is read (:mod:`clustertrain.validate.transport`). The rehearsal fault ``absent:R`` is not passed to
-the benchmark: a wrapper keeps rank R's task from starting at all.
+verdict is read (:mod:`clustertrain.validate.transport`). With a container image the step runs in it through
+Pyxis (:func:`~clustertrain.validate.suitejob.in_image`: training's options, mounts and ``--container-env``) with
+the image's interpreter, so it measures the image's torch, NCCL and aws-ofi-nccl. The rehearsal fault
+``absent:R`` is not passed to the benchmark: a wrapper keeps rank R's task from starting at all.
 
 Judged: ranks = nodes x ranks per node; per op, exact results within the per-op timeout; busbw bands of the
 thresholds entry (:func:`~clustertrain.validate.thresholds.bandwidth_rows`); the transport rows.
@@ -24,7 +26,7 @@ from clustertrain.validate.check_rows import CheckRow
 from clustertrain.validate.collectives_config import CollectivesConfig
 from clustertrain.validate.results import CollectiveRun
 from clustertrain.validate.suitedir import JobOutcome, load_result, read_text
-from clustertrain.validate.suitejob import SuiteContext, SuiteJob, new_job, srun_step, why_missing
+from clustertrain.validate.suitejob import SuiteContext, SuiteJob, in_image, new_job, srun_step, why_missing
 from clustertrain.validate.thresholds import ThresholdsConfig, bandwidth_rows, default_max_bytes, thresholds_key
 from clustertrain.validate.transport import transport_rows
 
@@ -63,7 +65,7 @@ def plan(ctx: SuiteContext) -> list[SuiteJob]:
     cl = project.cluster
     spec, withheld = job_config(ctx)
     config = ctx.paths.config(NAME)
-    args = [ctx.cfg.python, "-m", "clustertrain", "validate", "collectives", "--json", "--config", str(config)]
+    args = [str(ctx.cfg.python), "-m", "clustertrain", "validate", "collectives", "--json", "--config", str(config)]
     if withheld is not None:  # rehearsal: that rank's task exits before it joins
         args = ["bash", "-c", WITHHOLD, withheld, *args]
     env = rank_environment(cl.instance_type, n, project.launch, os=project.aws.os if project.aws else None,
@@ -72,9 +74,10 @@ def plan(ctx: SuiteContext) -> list[SuiteJob]:
     if not cl.gpus_per_node:
         extra["OMP_NUM_THREADS"] = env.set.get("OMP_NUM_THREADS", "1")
     env = RankEnvironment({**env.set, **extra}, env.prepend, env.family, env.scale, env.efa)
+    box, env = in_image(ctx, env, res)
     return [new_job(ctx, NAME, NAME, nodes=n, ntasks_per_node=cl.ranks_per_node, env=env,
-                    steps=[srun_step(ctx, n, cl.ranks_per_node, res, "collectives-%t.json", ("--kill-on-bad-exit=1",))
-                           + args],
+                    steps=[srun_step(ctx, n, cl.ranks_per_node, res, "collectives-%t.json",
+                                     ("--kill-on-bad-exit=1", *box)) + args],
                     outputs=[res / "collectives-0.json"], files=((config, spec.model_dump_json(indent=2) + "\n"),))]
 
 

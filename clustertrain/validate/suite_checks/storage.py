@@ -1,9 +1,14 @@
 """Check ``storage-K``: throughput and metadata rates of every place the project's jobs write.
 
-One single-node job per target (:func:`storage_targets`): ``clustertrain validate storage TARGET --config
+One single-node job per target (:func:`storage_targets`): ``clustertrain validate storage DIR --config
 SUITE/config/storage.json --json`` into ``storage.json``; the config file is the run's
-:class:`~clustertrain.validate.storagebench.StorageBenchConfig`. Judged: the bench ran cleanly; on an FSx
-mount, write and read >= ``min(tier x capacity, client_cap) x min_fraction`` (thresholds.yaml ``fsx``); a read
+:class:`~clustertrain.validate.storagebench.StorageBenchConfig`. ``DIR`` (:func:`bench_dir`) is, on a shared mount,
+the project's own directory there (the storage layout's ``bench_dir``, which the node scripts create with the
+project's owner): a mount's root is root-owned 0755 on a real file system, so nothing is written there. A project
+without shared mounts benchmarks its runs base itself. With a container image the step runs in it through Pyxis
+(:func:`~clustertrain.validate.suitejob.in_image`) with the image's interpreter, as training's I/O does.
+
+Judged: the bench ran cleanly; on an FSx mount, write and read >= ``min(tier x capacity, client_cap) x min_fraction`` (thresholds.yaml ``fsx``); a read
 that may have come from the page cache is ``warn``.
 """
 
@@ -16,7 +21,8 @@ from clustertrain.project import Project
 from clustertrain.validate.check_rows import CheckRow
 from clustertrain.validate.results import StorageRun
 from clustertrain.validate.suitedir import JobOutcome, load_result
-from clustertrain.validate.suitejob import SuiteContext, SuiteJob, new_job, srun_step, why_missing
+from clustertrain.launch.presets import RankEnvironment
+from clustertrain.validate.suitejob import SuiteContext, SuiteJob, in_image, job_env, new_job, srun_step, why_missing
 from clustertrain.validate.thresholds import ThresholdsConfig
 
 NAME = "storage"
@@ -35,6 +41,12 @@ def storage_targets(project: Project) -> list[Path]:
     return list(dict.fromkeys(targets))
 
 
+def bench_dir(project: Project, target: Path) -> Path:
+    """Where the bench writes on ``target``: the layout's project directory on a shared mount, else ``target``."""
+    layout = storage_layout(project)
+    return layout.bench_dir(target) if layout.mounts else target
+
+
 def not_applicable(ctx: SuiteContext) -> str | None:
     return None
 
@@ -44,10 +56,12 @@ def plan(ctx: SuiteContext) -> list[SuiteJob]:
     text = ctx.cfg.storage.model_dump_json(indent=2) + "\n"
     jobs = []
     for k, target in enumerate(storage_targets(ctx.project), 1):
-        name, res = f"{NAME}-{k}", ctx.paths.results(f"{NAME}-{k}")
-        jobs.append(new_job(ctx, name, NAME, nodes=1, ntasks_per_node=1, gpus=False, target=str(target),
-                            steps=[srun_step(ctx, 1, None, res, "storage.json") + [
-                                ctx.cfg.python, "-m", "clustertrain", "validate", "storage", str(target),
+        name, res, where = f"{NAME}-{k}", ctx.paths.results(f"{NAME}-{k}"), bench_dir(ctx.project, target)
+        env = job_env(ctx, 1) if ctx.project.container_image else RankEnvironment()
+        box, env = in_image(ctx, env, res, (where,))
+        jobs.append(new_job(ctx, name, NAME, nodes=1, ntasks_per_node=1, gpus=False, target=str(where), env=env,
+                            steps=[srun_step(ctx, 1, None, res, "storage.json", box) + [
+                                str(ctx.cfg.python), "-m", "clustertrain", "validate", "storage", str(where),
                                 "--config", str(config), "--json"]],
                             outputs=[res / "storage.json"], files=((config, text),)))
     return jobs

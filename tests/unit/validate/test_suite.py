@@ -86,10 +86,12 @@ def test_cpu_plan_has_smoke_collectives_storage_and_skips_gpu_efa(tmp_path):
     paths = SuitePaths(tmp_path / "suite")
     jobs, skipped = plan_suite(project, small(), paths)
     assert [j.name for j in jobs] == ["smoke", "collectives", "storage-1"]
-    assert skipped == {"gpu-efa": "not applicable: gpus_per_node=0"}
+    assert skipped == {"gpu-efa": "not applicable: gpus_per_node=0", "nccl-tests": "not applicable: gpus_per_node=0"}
     smoke, coll, stor = jobs
-    assert (smoke.nodes, smoke.ntasks_per_node, len(smoke.outputs)) == (2, 1, 4)
-    assert smoke.steps[1][-5:] == ("validate", "scan", "--role", "compute", "--json")
+    assert (smoke.nodes, smoke.ntasks_per_node, len(smoke.outputs)) == (2, 1, 6)
+    assert smoke.steps[1][-3:-1] == ("/opt/py/bin/python", "-c")  # the interpreter step, on the host (no image)
+    assert smoke.steps[2][-5:] == ("validate", "scan", "--role", "compute", "--json")
+    assert not any("--container-image" in w for j in jobs for s in j.steps for w in s)  # a CPU project: on the hosts
     assert coll.steps[0][:4] == ("srun", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1")
     assert "--cpu-bind=none" in coll.steps[0] and "--cpu-bind=none" in smoke.steps[0]
     # the check's config goes to the job as a file, not re-serialised into flags
@@ -131,10 +133,11 @@ def test_default_sweep_is_small_on_cpu_and_reaches_the_bands_on_gpus(tmp_path):
 def test_gpu_project_plans_gpu_efa_job_nccl_and_fsx_storage_jobs(tmp_path):
     project = load_project(EXAMPLE_P5E)
     jobs, skipped = plan_suite(project, SuiteConfig(nodes=10), SuitePaths(tmp_path / "s"))
-    assert skipped == {} and [j.name for j in jobs] == ["smoke", "gpu-efa", "collectives", "storage-1", "storage-2",
-                                                        "storage-3"]
-    # the storage layout's mounts (datasets, checkpoints+outputs, logs+tensorboard); never /fsx, each node's root volume
-    assert [j.target for j in jobs[3:]] == ["/fsx/data", "/fsx/checkpoints", "/fsx/logs"]
+    assert skipped == {} and [j.name for j in jobs] == ["smoke", "gpu-efa", "collectives", "nccl-tests", "storage-1",
+                                                        "storage-2", "storage-3"]
+    # the storage layout's mounts (datasets, checkpoints+outputs, logs+tensorboard); never /fsx, each node's root volume,
+    # and on each the project's own directory that the node scripts create, never the mount's root-owned top
+    assert [j.target for j in jobs[4:]] == [f"/fsx/{m}/p5e-80x7/validation/storage-bench" for m in ("data", "checkpoints", "logs")]
     assert Path("/fsx") not in storage_targets(project)
     gpu, coll = jobs[1], jobs[2]
     assert [s[-3:] for s in gpu.steps][1] == ("efa", "-t", "FI_EP_RDM")
@@ -342,12 +345,13 @@ def test_cli_dry_run_and_bad_input(tmp_path):
     dry = runner.invoke(app, ["suite", path, "--dry-run", "--nodes", "2", "--max-bytes", "64K"])
     assert dry.exit_code == 0, dry.output
     assert dry.output.count("#!/bin/bash") == 3 and "# ---- gpu-efa: not applicable: gpus_per_node=0" in dry.output
+    assert "# ---- nccl-tests: not applicable: gpus_per_node=0" in dry.output
     assert '"max_bytes": 65536' in dry.output and not (tmp_path / "fsx").exists()  # nothing written
     assert "# ---- config: " + str(tmp_path / "fsx/vs/validation/DRY-RUN/config/collectives.json") in dry.output
     assert "/fsx/vs/validation/DRY-RUN/" in dry.output  # the layout's outputs base
     default = runner.invoke(app, ["suite", path, "--dry-run", "--nodes", "2"])
     assert default.exit_code == 0 and '"max_bytes": 1048576' in default.output  # CPU: a small sweep
-    gpu = runner.invoke(app, ["suite", str(EXAMPLE_P5E), "--dry-run", "--nodes", "2"])
+    gpu = runner.invoke(app, ["suite", str(EXAMPLE_P5E), "--dry-run", "--nodes", "2", "--set", "launch.max_segments=8"])
     assert gpu.exit_code == 0, gpu.output
     assert '"max_bytes": 1073741824' in gpu.output and "export NCCL_DEBUG=INFO" in gpu.output
     off = runner.invoke(app, ["suite", str(EXAMPLE_P5E), "--dry-run", "--set", "storage.outputs=/home/u/out"])

@@ -19,6 +19,7 @@ from clustertrain.validate.suite import (
     JobOutcome, SuiteConfig, SuitePaths, SuiteReport, gather, job_rows, plan_suite, suite_context,
 )
 from clustertrain.validate.suite_checks import CHECKS, gpu_efa, smoke, storage
+from clustertrain import __version__
 from tests.support.golden import check_golden
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -51,7 +52,7 @@ def done(name: str, state: State = State.COMPLETED, exit_code: int = 0, slurm: s
 
 
 def test_every_unit_has_the_same_shape():
-    assert [u.NAME for u in CHECKS] == ["smoke", "gpu-efa", "collectives", "storage"] and smoke.NAME == "smoke"
+    assert [u.NAME for u in CHECKS] == ["smoke", "gpu-efa", "collectives", "nccl-tests", "storage"] and smoke.NAME == "smoke"
     for unit in CHECKS:
         assert all(callable(getattr(unit, f)) for f in ("not_applicable", "plan", "gather"))
 
@@ -87,13 +88,24 @@ def test_smoke_gathers_hosts_and_scans_and_says_why_one_is_missing(tmp_path):
     (job.results_dir / "host-1.txt").write_text("node2 vm2\n")
     (job.results_dir / "scan-0.json").write_text("srun: a line before the JSON\n" + scan.model_dump_json())
     (job.results_dir / "scan-1.json.err").write_text("python: No module named clustertrain\n")
+    (job.results_dir / "python-0.txt").write_text(f"/usr/bin/python3.11 3.11.9 {__version__}\n")
+    (job.results_dir / "python-1.txt.err").write_text("ModuleNotFoundError: No module named 'clustertrain'\n")
     rows = gather(job, done("smoke", State.COMPLETED, 1), ["node1", "node2"], ctx)
     by = {r.check: r for r in rows}
     assert by["job"].verdict == "pass" and by["slurm"].verdict == "pass"
     assert by["nodes"].verdict == "fail" and by["nodes"].found == "2/2: node1 vm1, node2 vm2"
     assert "node2: no scan result" in by["nodes"].detail and "No module named clustertrain" in by["nodes"].detail
+    # the interpreter step: node2's interpreter does not import clustertrain, named with the fix
+    assert (by["interpreter"].verdict, by["interpreter"].found) == ("fail", "1/2 node(s) failed")
+    assert by["interpreter"].detail.startswith("node2: ! ModuleNotFoundError") and "launch.python" in by["interpreter"].detail
     (job.results_dir / "scan-1.json").write_text(scan.model_dump_json())
-    assert {r.verdict for r in gather(job, done("smoke"), ["node1", "node2"], ctx)} == {"pass"}
+    (job.results_dir / "python-1.txt").write_text(f"/usr/bin/python3.11 3.11.9 {__version__}\n")
+    rows = gather(job, done("smoke"), ["node1", "node2"], ctx)
+    assert {r.verdict for r in rows} == {"pass"}
+    assert [r.found for r in rows if r.check == "interpreter"] == [f"/usr/bin/python3.11 (Python 3.11.9), clustertrain {__version__}"]
+    (job.results_dir / "python-1.txt").write_text("/usr/bin/python3.11 3.11.9 0.0.1\n")  # an image built from another version
+    [row] = [r for r in gather(job, done("smoke"), ["node1", "node2"], ctx) if r.check == "interpreter"]
+    assert row.verdict == "warn" and "clustertrain 0.0.1" in row.found and "rebuild the image" in row.detail
 
 
 def test_gpu_efa_gathers_per_node_files(tmp_path):
@@ -109,6 +121,36 @@ def test_gpu_efa_gathers_per_node_files(tmp_path):
     rows = {r.check: r for r in gather(job, done("gpu-efa"), ["a", "b"], ctx)}
     assert rows["gpus a"].found.startswith("8 x NVIDIA H100") and rows["gpus b"].verdict == "pass"  # 0 GPUs needed
     assert (rows["nvlink a"].verdict, rows["nvlink b"].verdict) == ("fail", "warn")  # inactive link; nothing listed
+    assert (rows["host b"].verdict, rows["host b"].found) == ("fail", "no host scan")  # the host script left nothing
+
+
+def test_host_scan_reads_modules_efa_installer_and_enroot(tmp_path):
+    """The gpu-efa job is the host scan: what only the bare node shows (the image's software is the smoke scan's)."""
+    import subprocess
+
+    project = load_project(Path(__file__).parents[3] / "examples" / "p5e-80x7.yaml")  # p5e: EFA expected, an image
+    ctx = suite_context(project, SuiteConfig(nodes=1), SuitePaths(tmp_path / "s"))
+    [job] = gpu_efa.plan(ctx)
+    assert job.steps[3][-3:-1] == ("bash", "-c") and not any("--container" in w for s in job.steps for w in s)
+    # the script itself, on this machine (no GPU, no EFA, no Enroot here): every line says absent
+    here = subprocess.run(["bash", "-c", gpu_efa.HOST_SCRIPT], capture_output=True, text=True, check=True).stdout
+    assert gpu_efa.parse_host(here) == {"module nvidia": "absent", "module efa": "absent", "module gdrdrv": "absent",
+                                        "efa_installer": "absent", "enroot": "absent"}
+    rows = {r.check: r for r in gpu_efa.host_rows(project, "n1", here, efa_expected=True)}
+    assert [r.verdict for r in rows.values()] == ["fail", "fail", "fail"]
+    assert rows["modules n1"].detail == "nvidia module not loaded; efa module not loaded"
+    # a node as a p5e compute node reads (driver, EFA module, GDRCopy's module, EFA installer, Enroot)
+    good = ("module nvidia 580.173.02\nmodule efa 2.17.1g\nmodule gdrdrv loaded\nefa_installer 1.51.0\n"
+            "enroot 4.1.2\n")
+    rows = {r.check: r for r in gpu_efa.host_rows(project, "n1", good, efa_expected=True)}
+    assert [r.verdict for r in rows.values()] == ["pass", "pass", "pass"]
+    assert rows["modules n1"].found == "nvidia 580.173.02, efa 2.17.1g, gdrdrv loaded"
+    old = good.replace("580.173.02", "470.82.01").replace("module gdrdrv loaded", "module gdrdrv absent")
+    rows = {r.check: r for r in gpu_efa.host_rows(project, "n1", old.replace("1.51.0", "1.20.0"), efa_expected=True)}
+    assert rows["modules n1"].verdict == "fail" and rows["modules n1"].detail.startswith("driver 470.82.01 < 535.54.03")
+    assert rows["efa_installer n1"].verdict == "fail" and "minimum from" in rows["efa_installer n1"].detail
+    rows = {r.check: r for r in gpu_efa.host_rows(project, "n1", good.replace("gdrdrv loaded", "gdrdrv absent"), True)}
+    assert rows["modules n1"].verdict == "warn" and "GDRCopy" in rows["modules n1"].detail
 
 
 def test_storage_gathers_its_result_or_says_why_there_is_none(tmp_path):

@@ -15,11 +15,12 @@ jobs inherit that environment (sbatch's default ``--export=ALL``).
 
 State mapping to :class:`JobStatus` (a :class:`clustertrain.core.states.State`): PENDING/REQUEUED/CONFIGURING ->
 PENDING; RUNNING/COMPLETING/SUSPENDED -> RUNNING; COMPLETED -> COMPLETED when the run's ``COMPLETED``
-marker is there, STOPPED when its ``status.json`` says the ranks stopped on a signal (restart budget
-spent), else COMPLETED (the batch script exited 0); PREEMPTED -> STOPPED; CANCELLED -> CANCELLED;
+marker is there, STOPPED when its ``status.json`` says the ranks stopped on a signal (no segment or failure
+restart left), else COMPLETED (the batch script exited 0); PREEMPTED -> STOPPED; CANCELLED -> CANCELLED;
 everything else that ended (FAILED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY...) -> FAILED. ``extra["reason"]`` is Slurm's
 ``Reason`` (why a pending job waits: ``Resources``, ``Priority``, ``BeginTime``...). ``extra["restarts"]`` is the
-run's restarts so far, the number the batch script prints as ``restart N of at most M``: this job's requeues plus
+run's restarts so far (both kinds: continuations and failure restarts), the ``restart N`` the batch script prints
+at every start: this job's requeues plus
 the resubmissions before it (a job the batch script submitted after a failure carries on its predecessor's count + 1,
 from that predecessor's end marker: :func:`resubmissions_before`). ``jobs.jsonl`` records a job's own requeues.
 """
@@ -41,7 +42,8 @@ from clustertrain.launch.config import LaunchConfig
 from clustertrain.launch.prepare import run_dir_for
 from clustertrain.core.job_records import (JobRecord, add_record, find_record, new_script_path, read_end_marker,
                                            read_records, update_record)
-from clustertrain.launch.sbatch import SbatchRequest, build_request, render_script
+from clustertrain.launch.sbatch import SbatchRequest, build_request, render_script, with_container_view
+from clustertrain.launch.slurm_cluster_paths import local_cluster_of
 from clustertrain.launch.slurm_query import JobGone, JobState, parse_kv_line, query_job
 from clustertrain.launch.slurmcli import require_slurm, run_slurm
 from clustertrain.project import Project
@@ -176,9 +178,12 @@ class SlurmLauncher:
 
     def request_for(self, project: Project, spec: "RunSpec", job_name: str | None = None,
                     nodes: int | None = None, exclude: tuple[str, ...] = ()) -> SbatchRequest:
-        return build_request(project, spec.entry, spec.paths.root, launch=self.launch, job_name=job_name, nodes=nodes,
-                             data=spec.data,
-                             submit_command=self.submit_command, exclude=exclude)
+        request = build_request(project, spec.entry, spec.paths.root, launch=self.launch, job_name=job_name,
+                                nodes=nodes, data=spec.data, submit_command=self.submit_command, exclude=exclude)
+        if request.container_image and local_cluster_of(self.env) is not None:
+            # clustertrain's local Slurm has no Pyxis: the ranks run in the stand-in view of the same container
+            request = with_container_view(request)
+        return request
 
     def submit_request(self, paths: RunPaths, request: SbatchRequest, text: str | None = None,
                        lease: "Taken | None" = None) -> str:

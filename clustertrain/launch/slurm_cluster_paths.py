@@ -39,6 +39,7 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -165,3 +166,14 @@ class LocalSlurmPaths:
 
     def write_record(self, record: dict) -> None:
         write_atomic(self.record, json.dumps(record, indent=2))
+
+
+def local_cluster_of(env: Mapping[str, str] | None = None) -> Path | None:
+    """The state directory of the clustertrain local cluster that ``SLURM_CONF`` (``env`` over this process's
+    environment) names — its ``slurm.conf`` beside a ``cluster.json`` record — or None (a real cluster's Slurm)."""
+    conf = {**os.environ, **(env or {})}.get("SLURM_CONF")
+    if not conf:
+        return None
+    root = Path(conf).parent
+    paths = LocalSlurmPaths(root)
+    return root if Path(conf) == paths.conf and paths.read_record() is not None else None

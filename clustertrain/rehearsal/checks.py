@@ -26,7 +26,8 @@ TITLES = {
     "one_gpu": "each rank sees exactly one GPU (CUDA_VISIBLE_DEVICES lists one per rank of its node)",
     "gpus_unshared": "no GPU is given to two ranks, across all jobs",
     "dirs": "each model writes its own directories, all on shared file systems",
-    "paths": "what a node writes is visible on every node of its job; every read path exists everywhere",
+    "paths": "what a node writes is visible on every node of its job; every read path exists everywhere; the ranks' "
+             "cache directories are writable (in the container's view, where the job has an image)",
     "preset": "the NCCL/EFA preset and launch.env reach every rank with the expected values",
     "secrets": "no credential in the scripts or logs, and none reached the ranks' environment",
 }
@@ -359,6 +360,14 @@ def check_paths(jobs: list[JobView]) -> Check:
             unseen = [_node(r) for r in ranked if (r.get("read") or {}).get(path) is not True]
             if unseen:
                 details.append(f"{job.model}: {path} not visible on {nodes_phrase(unseen)} (read)")
+        failed: dict[str, list[str]] = defaultdict(list)  # "dir: error" -> nodes (local rank 0's cache probe)
+        for rec in ranked:
+            for d, err in (rec.get("caches") or {}).items():
+                if err:
+                    failed[f"{d}: {err}"].append(_node(rec))
+        details += [f"{job.model}: cache directory {what} on {nodes_phrase(nodes)} (programs in the container write "
+                    "caches under HOME, which Pyxis does not mount, in a read-only image: point HOME, XDG_CACHE_HOME "
+                    "and TRITON_CACHE_DIR at a mounted directory)" for what, nodes in failed.items()]
     return _result("paths", details)
 
 

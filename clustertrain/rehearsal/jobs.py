@@ -6,8 +6,10 @@ the plan's node count, Pyxis flags), then
 
 * swaps the rank command for the payload (:mod:`clustertrain.rehearsal.payload`, run by this machine's
   interpreter: the image's is not here);
-* takes the Pyxis flags off ``srun`` (Pyxis is absent, and srun refuses options no plugin registered) and hands
-  them to the checks instead: the image and every ``--container-mounts`` source must be visible on every node.
+* runs it the way Pyxis would, in the stand-in view (:mod:`clustertrain.launch.container_view`: Pyxis is absent,
+  and srun refuses options no plugin registered), given the same ``--container-*`` options plus the rehearsal's
+  own directory (where the payload keeps its records); the checks also see them: the image and every
+  ``--container-mounts`` source must be visible on every node.
 
 :func:`submit_on_head` is what runs on the emulated head node (``python -m clustertrain.rehearsal.jobs
 SUBMIT``): the data a user stages there before submitting (the tokenizer, the image) as placeholder files where
@@ -26,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from clustertrain.rehearsal.observed import JobView
-from clustertrain.launch.sbatch import SbatchRequest, build_request, render_script
+from clustertrain.launch.sbatch import SbatchRequest, build_request, render_script, with_container_view
 
 if TYPE_CHECKING:
     from clustertrain.project import ModelEntry, Project
@@ -37,7 +39,7 @@ RUN_KINDS = ("run", "logs", "checkpoints", "tensorboard")
 @dataclass
 class RehearsalJob:
     view: JobView
-    request: SbatchRequest         # what the rehearsal submits (payload, no Pyxis flags)
+    request: SbatchRequest         # what the rehearsal submits (payload, in the container view)
     script: str                    # its rendered text (a test hook may have edited it)
     spec: dict                     # the payload's job spec
     placeholders: list[str]        # files staged on the head node before submitting
@@ -55,8 +57,12 @@ def rehearsal_job(project: "Project", entry: "ModelEntry", nodes: int, rdir: Pat
     run_dir = default_run_dir(project, entry)
     real = build_request(project, entry, run_dir, nodes=nodes, submit_command="clustertrain rehearse PROJECT")
     spec_path = rdir / "jobs" / f"{entry.name}.json"
-    request = replace(real, container_image=None, container_mounts=(), container_env=(),
-                      rank_command=(sys.executable, "-m", "clustertrain.rehearsal.payload", str(spec_path)))
+    payload = (sys.executable, "-m", "clustertrain.rehearsal.payload", str(spec_path))
+    if real.container_image:  # the ranks in the stand-in for Pyxis: the real options, and the rehearsal's own records
+        request = with_container_view(replace(real, rank_command=payload,
+                                              container_mounts=(*real.container_mounts, f"{rdir}:{rdir}")))
+    else:
+        request = replace(real, rank_command=payload)
     paths = RunPaths(run_dir)
     dirs = {"run": str(run_dir), "logs": str(real.log_dir), "checkpoints": str(paths.checkpoints)}
     tb = layout.tensorboard_dir(entry.name)

@@ -14,7 +14,10 @@ Steps of one rank:
    arrive; a busy port as rank 0's bind error);
 4. after the barrier every node's marker is in place: each rank looks for all of them (a directory off the shared
    file systems shows only its own node's), and for every path the job reads;
-5. writes its record ``<records>/rank-<rank>.json`` (atomically); rank 0 then writes ``<holding>`` and waits for the
+5. local rank 0 of each node writes where programs keep caches under HOME (:func:`cache_probe`): in a job with a
+   container image the rank runs in the stand-in for Pyxis (:mod:`clustertrain.launch.container_view`: read-only
+   root, only the mounts writable, HOME not mounted), so a cache dir off the mounts fails here as on the cluster;
+6. writes its record ``<records>/rank-<rank>.json`` (atomically); rank 0 then writes ``<holding>`` and waits for the
    ``release`` file (at most ``hold_s``).
 
 Job spec (JSON, written by the rehearsal)::
@@ -32,6 +35,7 @@ Record (one per rank)::
      "secrets": [names of variables that look like credentials; values are never written],
      "write": {dir: {"exists": bool, "error": str|null, "missing_nodes": [...]}}, "read": {path: bool},
      "rendezvous": {"ok": bool, "error": str|null, "seen": int, "missing": [...], "duplicates": [...]},
+     "caches": {dir: null | "error: path"},           # local rank 0 only (:func:`cache_probe`)
      "error": str|null}
 """
 
@@ -114,6 +118,26 @@ def barrier(info: RankInfo, node: str, timeout: float) -> dict:
     return out
 
 
+def cache_probe(env: dict[str, str]) -> dict[str, str | None]:
+    """Write (and remove) a file where programs in the container keep their caches: ``$XDG_CACHE_HOME`` (else
+    ``~/.cache``: Hugging Face, torch extensions) and ``$TRITON_CACHE_DIR`` (else ``~/.triton/cache``:
+    ``torch.compile``). Directory -> None, or the error naming the path."""
+    home = env.get("HOME") or "/"
+    dirs = [env.get("XDG_CACHE_HOME") or os.path.join(home, ".cache"),
+            env.get("TRITON_CACHE_DIR") or os.path.join(home, ".triton", "cache")]
+    out: dict[str, str | None] = {}
+    for d in dict.fromkeys(dirs):
+        try:
+            os.makedirs(d, exist_ok=True)
+            probe = os.path.join(d, f".rehearsal-probe-{os.getpid()}")
+            open(probe, "w").close()
+            os.unlink(probe)
+            out[d] = None
+        except OSError as err:
+            out[d] = f"{err.strerror}: {err.filename}"
+    return out
+
+
 def write_json(path: str, value: dict) -> None:
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
@@ -156,6 +180,7 @@ def run(spec: dict, env: dict[str, str]) -> int:
                            "missing_nodes": [n for n in nodes if not os.path.exists(os.path.join(d, _marker(job, n)))]}
                        for d in spec["write"]}
     record["read"] = {p: os.path.exists(p) for p in spec["read"]}
+    record["caches"] = cache_probe(env) if info.local_rank == 0 else {}
     write_json(os.path.join(spec["records"], f"rank-{info.rank}.json"), record)
     if info.rank == 0:
         open(spec["holding"], "w").close()

@@ -1,8 +1,8 @@
 """`clustertrain rehearse` for real: Slurm (slurmd -N per node, fake GPU gres), one mount namespace per node, the
 project's own node scripts in ParallelCluster's boot order, every model's real batch script, 8 ranks per node.
 
-Doubles: the GPUs (character devices Slurm hands out; no CUDA behind them), Pyxis (its flags are recorded, not
-applied), S3 for the node scripts (``aws s3 cp`` served from the rehearsal's copy of the upload), EFA devices.
+Doubles: the GPUs (character devices Slurm hands out; no CUDA behind them), Pyxis (the ranks run in the stand-in
+view of clustertrain/launch/container_view.py, given Pyxis's own options), S3 for the node scripts (``aws s3 cp`` served from the rehearsal's copy of the upload), EFA devices.
 """
 
 from __future__ import annotations
@@ -82,7 +82,12 @@ def test_storage_off_the_fsx_mounts_fails_the_shared_storage_check(tmp_path):
     assert check(report, "booted").ok
     dirs, paths = check(report, "dirs"), check(report, "paths")
     assert dirs.ok is False and any("/data/runs/p5e-80x7/model-1" in d for d in dirs.details), dirs.details
-    assert paths.ok is False and any("/data/runs/p5e-80x7/model-1" in d for d in paths.details), paths.details
+    # the run directory is a --container-mounts source; on the nodes that did not create it (node-local /data)
+    # the container cannot start, as Pyxis cannot bind a missing source: no rank ran, and the job's output says why
+    world = check(report, "world")
+    assert world.ok is False and any("0 rank records" in d for d in world.details), world.details
+    log = next(rdir.rglob("p5e-80x7-model-1-*.out")).read_text()
+    assert "container view: mount source /data/runs/p5e-80x7/model-1 does not exist on this node" in log, log[-2000:]
     assert surviving(rdir) == ([], [])
 
 
@@ -127,6 +132,24 @@ def test_script_without_gpu_directive_fails_the_gpu_check_and_a_leaked_key_fails
     assert "not-a-real-key" not in str(report.as_dict())
     assert check(report, "rendezvous").ok and check(report, "world").ok
     assert surviving(rdir) == ([], [])
+
+
+def test_caches_under_home_fail_in_the_containers_view_until_they_go_to_the_nodes_nvme(tmp_path):
+    """Every rank runs in the stand-in for Pyxis (read-only image root, HOME not mounted). Without the batch
+    script's HOME/XDG_CACHE_HOME/TRITON_CACHE_DIR (as before issue 37) a cache under HOME fails, named."""
+    bare = lambda text: "\n".join(ln for ln in text.splitlines()  # noqa: E731
+                                   if not ln.startswith(("export HOME=", "export XDG_CACHE_HOME=", "export TRITON_CACHE_DIR=")))
+    report = rehearse(small_project(nodes=2, pins=(1, 1)), RehearseOptions(dir=tmp_path / "r", edit_script=bare))
+    paths = check(report, "paths")
+    assert paths.ok is False, paths.details
+    assert any("cache directory /root/.cache: Read-only file system" in d and "point HOME" in d
+               for d in paths.details), paths.details
+    fixed = rehearse(small_project(nodes=2, pins=(1, 1)), RehearseOptions(dir=tmp_path / "r2"))
+    assert fixed.ok, {c.name: c.details for c in fixed.failed}
+    script = (tmp_path / "r2").rglob("*.sbatch")
+    text = next(script).read_text()
+    assert "export HOME=/scratch/containers-cache/" in text and "clustertrain.launch.container_view" in text
+    assert surviving(tmp_path / "r") == ([], []) and surviving(tmp_path / "r2") == ([], [])
 
 
 @pytest.mark.parametrize("project, args, expected", [

@@ -9,8 +9,11 @@ section            what it checks (owner)
 layout             every path a job reads or writes is on a shared file system of the
                    ``aws:`` section (:mod:`clustertrain.core.storage_layout`)
 cluster            ParallelCluster schema, pcluster's own offline validators and our rules on
-                   the generated config; project-level ``aws:`` checks (:mod:`clustertrain.cloud.preflight`)
-plan               each model is feasible with its ``parallelism`` layout (:mod:`clustertrain.plan.preflight`)
+                   the generated config; project-level ``aws:`` checks (:mod:`clustertrain.cloud.preflight`),
+                   e.g. ``min_count`` below ``max_count`` on a targeted reservation
+plan               each model is feasible with its ``parallelism`` layout (:mod:`clustertrain.plan.preflight`);
+                   warnings: plan tokens vs steps x batch x sequence, identical models, no warmup at a
+                   large model's learning rate (:mod:`clustertrain.plan.model_rules`)
 framework          what Megatron-LM would reject for a ``framework: megatron`` model: GPUs, batch vs dp,
                    tokenizer, extra arguments, the image's Megatron-LM (:mod:`clustertrain.megatron.rules`)
 data               data source present or publishable, tokenizer loadable, ``model.vocab`` matches it
@@ -18,7 +21,8 @@ data               data source present or publishable, tokenizer loadable, ``mod
 image              the training image's pins load and work together by the compatibility table
                    (:mod:`clustertrain.image.preflight`)
 launch             interpreter or image available on every node, time limit vs checkpoint
-                   interval vs the stop signal (:mod:`clustertrain.launch.preflight`)
+                   interval vs the stop signal (:mod:`clustertrain.launch.preflight`), the job chain
+                   (``launch.max_segments`` x time limit) vs ``max_steps`` (:mod:`clustertrain.launch.segments`)
 secrets            nothing generated (batch scripts, cluster config, infrastructure template,
                    node scripts, the image's Dockerfile and versions.json) holds a credential or private key
 =================  ==========================================================================

@@ -22,12 +22,17 @@ job MinJobAge=300 s and has no completion log). ``key=value`` lines, written to 
     version=1
     state=COMPLETED          # COMPLETED (exit 0) | FAILED (exit != 0) | CANCELLED/TIMEOUT/... (SIGTERM from Slurm)
     exit_code=0              # the batch script's exit status (143 after SIGTERM)
-    restarts=1               # restarts before this job ended (requeues + resubmissions)
+    restarts=1               # restarts before this job ended (requeues + resubmissions, both kinds)
+    segment=2                # the run's segment this job trained (1 + continuations after the stop signal)
+    failures=0               # failure restarts before it (launch.max_restarts; docs/slurm.md "Segments and restarts")
     ended=1795000100         # epoch seconds
     next_job=43              # the job the script submitted to go on after a failure (empty: none)
 
 The script removes its job's marker when it starts (a requeued job runs again under the same id) and
 writes none when it requeues itself. A job killed without warning (node failure, SIGKILL) leaves none.
+Beside it, ``RUN_DIR/jobs/<job id>.continued`` (one number): how many of the job's requeues were continuations
+after the stop signal, written by the script before it requeues itself; the rest of ``SLURM_RESTART_COUNT`` are
+failure restarts.
 
 Resubmissions. After a hang, a lost rank or a rank Slurm reports killed by a signal, the batch script submits
 itself again as a new job that excludes the blamed nodes (``sbatch --exclude``; see

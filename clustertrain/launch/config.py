@@ -11,7 +11,8 @@ Example::
       python: /fsx/envs/train/bin/python   # the ranks' interpreter (default: see LaunchConfig.python)
       signal: USR2            # sent to the batch script signal_grace_s before the time limit
       signal_grace_s: 300
-      max_restarts: 3         # requeues after a graceful stop (preemption, time limit)
+      max_segments: 6         # time-limited jobs per submission: the first + continuations after the stop signal
+      max_restarts: 3         # restarts after failures (hang, lost rank, node failure, a segment that saved nothing)
       exclusive: true
       env:                    # over the NCCL/EFA preset; null removes a preset variable
         NCCL_DEBUG: WARN
@@ -62,7 +63,17 @@ class LaunchConfig(StrictModel):
         description="Seconds before the time limit at which the signal is sent; must cover one step plus a checkpoint save.",
     )
     max_restarts: int = Field(
-        3, ge=0, description="How often a job stopped by the signal requeues itself (bounded by SLURM_RESTART_COUNT); 0 = never."
+        3, ge=0, description="Restarts after failures: a hang, a lost rank or a rank killed by a signal (the job is submitted "
+        "again without the blamed nodes), a requeue by Slurm after a node failure, or a segment that ended on the stop "
+        "signal without saving a newer checkpoint. Continuing after the time limit or a preemption does not count "
+        "(`max_segments` bounds that). 0 = never restart after a failure.",
+    )
+    max_segments: int = Field(
+        4, ge=1, description="Time-limited jobs (segments) one submission may run: the first, then one more each time the "
+        "stop signal (time limit, preemption) ended a segment that saved a newer checkpoint and the job requeues itself "
+        "to continue. `clustertrain check` errors when `max_segments` x `cluster.time_limit` cannot reach `max_steps` "
+        "at the plan's step time and says how many are needed. A bound you choose on what one submission may spend; "
+        "1 = never continue.",
     )
     exclusive: bool = Field(True, description="Ask for whole nodes (`--exclusive`).")
     gpu_directive: Literal["gpus-per-node", "gres"] = Field(

@@ -35,6 +35,9 @@ no time limit on a GPU project (the stop signal        warning  ``cluster.time_l
 cannot be planned)
 ``launch.env`` sets a variable aws-ofi-nccl sets        warning  ``launch.env.NAME``
 itself or that harms (nccl_presets.yaml ``discouraged``)
+``launch.max_segments`` x the time limit cannot reach   error    ``launch.max_segments``
+``max_steps`` at the plan's step time
+(:mod:`clustertrain.launch.segments`)
 ``monitor.hang_ceiling_s`` is below                    warning  ``monitor.hang_ceiling_s``
 ``hang_step_factor`` x the largest model's save (the
 watchdog would take a slow save for a hang)
@@ -270,7 +273,9 @@ def time_findings(project: "Project", plan: "Plan", launch: LaunchConfig, models
         out.append(Finding("warning", "cluster.time_limit", "not set: the partition's limit applies, so when (and "
                            "whether) the stop signal comes cannot be checked against the step and checkpoint times",
                            "set cluster.time_limit, e.g. \"48:00:00\""))
-    return out + hang_findings(project, saves)
+    from clustertrain.launch.segments import segment_findings
+
+    return out + segment_findings(project, plan, launch, {n: s.seconds for n, s in saves}, models) + hang_findings(project, saves)
 
 
 def stop_findings(project: "Project", name: str, step: float, save: SaveTime, grace: int) -> list[Finding]:

@@ -18,14 +18,18 @@ image's entrypoint, and a value the image defines wins (Pyxis README, ``--contai
 wiring must not depend on what an image defines, so ``srun`` names it: ``--container-env=`` the
 rendezvous and rank variables (:data:`clustertrain.core.ranks.RANK_VARIABLES`) plus every variable of the rank environment;
 those keep the host's value. Nothing is prepended to ``LD_LIBRARY_PATH`` in a container: the image's
-own value (its CUDA, NCCL and EFA libraries) stays.
+own value (its CUDA, NCCL and EFA libraries) stays. The image's root is read-only and HOME is not mounted, so
+HOME and the caches programs keep under it go to a node-local mounted root (:func:`cache_environment`). A Slurm
+without Pyxis (clustertrain's local one) runs the same options through the stand-in view
+(:func:`with_container_view`, :mod:`clustertrain.launch.container_view`); docs/slurm.md says what each gives.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import sys
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import jinja2
@@ -70,6 +74,7 @@ class SbatchRequest:
     signal: str = "USR2"
     signal_grace_s: int = 300
     max_restarts: int = 3
+    max_segments: int = 4  # launch.max_segments: time-limited jobs one submission may run (docs/slurm.md)
     container_image: str | None = None
     container_mounts: tuple[str, ...] = ()
     container_env: tuple[str, ...] = ()
@@ -94,6 +99,9 @@ class SbatchRequest:
     checkpoints: Path | None = None
     #: megatron: the one-task step that backs up the final checkpoint (empty: no checkpoint bucket)
     backup_command: tuple[str, ...] = ()
+    #: a Slurm without Pyxis (clustertrain's local Slurm): the prefix that runs each containerised step's command
+    #: in the stand-in view (:mod:`clustertrain.launch.container_view`, given the same Pyxis options); empty: Pyxis
+    container_view: tuple[str, ...] = ()
 
     @property
     def output(self) -> str:
@@ -183,18 +191,8 @@ def build_request(project: Project, entry: ModelEntry, run_dir: Path, *, launch:
     env = rank_environment(cluster.instance_type, nodes, launch, os=project.aws.os if project.aws else None,
                            container=bool(image))
     mounts: tuple[str, ...] = ()
-    if image:
-        layout = storage_layout(project)
-        candidates = [Path(m) for m in layout.mounts] or [Path(b).absolute() for b in layout.bases().values()]
-        candidates += [run_dir, log_dir]
-        dirs = [d for d in candidates if not any(d != o and d.is_relative_to(o) for o in candidates)]
-        mounts = tuple(f"{d}:{d}" for d in dict.fromkeys(dirs))
-        if env.efa:
-            mounts += ("/dev/infiniband:/dev/infiniband",)
-        for m in mounts:
-            if "," in m or m.count(":") != 1:
-                raise LaunchError(f"container mount {m!r}: paths with ',' or ':' cannot be passed to "
-                                  "--container-mounts; move storage.root / the run directory to a plain path")
+    if image:  # the run directory is the working directory; the cache root is where HOME and caches go
+        mounts, env = container_step(project, env, run_dir, (log_dir,))
     request = SbatchRequest(
         project=project.name, model=entry.name, job_name=job_name or f"{project.name}-{entry.name}",
         run_dir=run_dir, log_dir=log_dir, nodes=nodes, ntasks_per_node=cluster.ranks_per_node,
@@ -202,8 +200,9 @@ def build_request(project: Project, entry: ModelEntry, run_dir: Path, *, launch:
         gpus_per_node=cluster.gpus_per_node, gpu_directive=launch.gpu_directive, cpus_per_task=cluster.cpus_per_task,
         partition=cluster.partition, time_limit=cluster.time_limit, exclusive=launch.exclusive,
         signal=launch.signal, signal_grace_s=launch.signal_grace_s, max_restarts=launch.max_restarts,
+        max_segments=launch.max_segments,
         container_image=image, container_mounts=mounts,
-        container_env=tuple(dict.fromkeys([*RANK_VARIABLES, *env.set, "PYTHONUNBUFFERED"])) if image else (),
+        container_env=container_env_names(env) if image else (),
         sbatch_args=tuple(launch.sbatch_args), srun_args=tuple(launch.srun_args),
         submit_command=submit_command or f"clustertrain submit PROJECT --model {entry.name}",
         exclude=tuple(exclude), suspects=storage_layout(project).suspects_file().absolute(),
@@ -246,6 +245,15 @@ def megatron_request(project: Project, entry: ModelEntry, request: SbatchRequest
                    container_env=(*request.container_env, *extra) if request.container_image else (),
                    rank_command=tuple(rank_command(request.python, entry, megatron_args(ctx))),
                    train_iters=entry.training.max_steps, checkpoints=checkpoints, backup_command=backup)
+
+
+def _user() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid-{os.getuid()}"
 
 
 def check_request(request: SbatchRequest) -> None:
@@ -298,12 +306,106 @@ def step_srun(request: SbatchRequest) -> list[str]:
 def _container_args(request: SbatchRequest) -> list[str]:
     """Pyxis options of the ranks' step, also used by the watchdog's step: the named container (job-scoped) is
     created by the ranks' step and joined by the watchdog's, so the image is unpacked once per node."""
-    if not request.container_image:
+    if not request.container_image or request.container_view:
         return []
-    return [f"--container-image={request.container_image}", f"--container-name={CONTAINER_NAME}",
-            f"--container-mounts={','.join(request.container_mounts)}",
-            f"--container-env={','.join(request.container_env)}",
-            f"--container-workdir={request.run_dir}", "--no-container-mount-home"]
+    return container_options(request.container_image, request.container_mounts, request.container_env,
+                             request.run_dir)
+
+
+def container_options(image: str, mounts: tuple[str, ...], env_names: tuple[str, ...], workdir: str | Path) -> list[str]:
+    """The Pyxis options of every containerised step, training's and the validation suite's alike: the image, the
+    named container, ``mounts`` (:func:`container_mounts`), the variables that keep the host's value
+    (:func:`container_env_names`), the working directory, HOME not mounted."""
+    return [f"--container-image={image}", f"--container-name={CONTAINER_NAME}",
+            f"--container-mounts={','.join(mounts)}", f"--container-env={','.join(env_names)}",
+            f"--container-workdir={workdir}", "--no-container-mount-home"]
+
+
+def container_mounts(project: Project, dirs: tuple[Path, ...] = (), *, cache: str | None = None) -> tuple[str, ...]:
+    """``--container-mounts`` of a project's steps: the aws: section's shared mounts (else the storage layout's
+    bases) and ``dirs``, each at its own path, none inside another. No device is bound: Enroot binds the host's
+    ``/dev`` into every container (enroot ``conf/mounts/10-system.fstab``), EFA's ``/dev/infiniband`` included
+    (the redundant bind is gone). ``cache``: the node-local cache root (:func:`container_cache_root`), bound too.
+    A path holding ',' or ':' (Pyxis' separators) is a :class:`LaunchError`."""
+    layout = storage_layout(project)
+    candidates = [Path(m) for m in layout.mounts] or [Path(b).absolute() for b in layout.bases().values()]
+    candidates += [Path(d).absolute() for d in dirs]
+    kept = [d for d in candidates if not any(d != o and d.is_relative_to(o) for o in candidates)]
+    mounts = tuple(f"{d}:{d}" for d in dict.fromkeys(kept))
+    if cache and not any(Path(cache).is_relative_to(d) for d in kept):
+        mounts += (f"{cache}:{cache}",)
+    for m in mounts:
+        if "," in m or m.count(":") != 1:
+            raise LaunchError(f"container mount {m!r}: paths with ',' or ':' cannot be passed to "
+                              "--container-mounts; move storage.root / the run directory to a plain path")
+    return mounts
+
+
+def container_cache_root(project: Project, run_dir: Path) -> str:
+    """Where the containers' HOME and caches go: the node's NVMe (``aws.enroot.containers_cache``, which the compute
+    node script makes, mode 1777) on a cluster whose instance type has one (ParallelCluster's EphemeralVolume);
+    else ``RUN_DIR/cache`` (a local or NVMe-less cluster: the run directory is mounted anyway)."""
+    if project.aws is not None:
+        from clustertrain.plan.catalog import read_catalog
+
+        facts = read_catalog().instances.get(project.cluster.instance_type) if project.cluster.instance_type else None
+        if facts is not None and facts.nvme_gb:
+            return project.aws.enroot.containers_cache
+    return str(Path(run_dir).absolute() / "cache")
+
+
+def cache_environment(root: str, user: str) -> dict[str, str]:
+    """The variables that move what programs write under HOME out of the read-only image: Enroot does not mount
+    HOME (Pyxis ``--no-container-mount-home``) and the image's root is read-only, so ``torch.compile``'s Triton
+    and Inductor caches, CUDA's PTX JIT cache (``~/.nv/ComputeCache``), ``~/.cache`` (Hugging Face, torch
+    extensions as Transformer Engine builds them) would fail or fall back. All go under ``root/user`` on the node."""
+    base = f"{root.rstrip('/')}/{user}"
+    return {"HOME": f"{base}/home", "XDG_CACHE_HOME": f"{base}/cache", "TRITON_CACHE_DIR": f"{base}/triton",
+            "TORCHINDUCTOR_CACHE_DIR": f"{base}/inductor", "CUDA_CACHE_PATH": f"{base}/nv-compute-cache"}
+
+
+def container_env_names(env: RankEnvironment) -> tuple[str, ...]:
+    """``--container-env``: the rank variables and every variable of ``env`` keep the host's value in the image."""
+    return tuple(dict.fromkeys([*RANK_VARIABLES, *env.set, "PYTHONUNBUFFERED"]))
+
+
+def container_step(project: Project, env: RankEnvironment, workdir: Path,
+                   dirs: tuple[Path, ...] = ()) -> tuple[tuple[str, ...], RankEnvironment]:
+    """The mounts and environment of a containerised step of ``project`` that works in ``workdir`` and also uses
+    ``dirs`` — what :func:`build_request` gives the ranks (the node-local cache root and its variables included), for
+    steps outside a model's run (the validation suite's, :mod:`clustertrain.validate.suitejob`)."""
+    cache = container_cache_root(project, workdir)
+    return (container_mounts(project, (workdir, *dirs), cache=cache),
+            replace(env, set={**env.set, **cache_environment(cache, _user())}))
+
+
+def in_container(request: SbatchRequest, command: list[str]) -> list[str]:
+    """``command`` as a containerised step runs it: itself under Pyxis (whose options are srun's), or behind the
+    stand-in view's prefix with the same options (:attr:`SbatchRequest.container_view`)."""
+    if not (request.container_image and request.container_view):
+        return list(command)
+    options = container_options(request.container_image, request.container_mounts, request.container_env,
+                                request.run_dir)
+    return [*request.container_view, *options, "--", *command]
+
+
+def view_prefix(python: str = sys.executable) -> tuple[str, ...]:
+    """:attr:`SbatchRequest.container_view` for this machine: its interpreter runs the view, and the stand-in
+    image's software (that interpreter's prefix and this clustertrain) is bound back where the view's own /tmp
+    would hide it."""
+    import clustertrain
+
+    paths = dict.fromkeys([sys.prefix, sys.base_prefix, str(Path(clustertrain.__file__).resolve().parents[1])])
+    return (python, "-m", "clustertrain.launch.container_view", *(f"--image-path={p}" for p in paths))
+
+
+def with_container_view(request: SbatchRequest, python: str = sys.executable) -> SbatchRequest:
+    """``request`` for a Slurm without Pyxis (the local one): the ranks (this machine's ``python``, the stand-in
+    image's interpreter) run in the stand-in view of the same image, mounts, environment and working directory."""
+    if not request.container_image:
+        return request
+    rank_command = tuple(python if w == request.python else w for w in request.rank_command)
+    return replace(request, container_view=view_prefix(python), python=python, rank_command=rank_command)
 
 
 def watchdog_command(request: SbatchRequest) -> tuple[list[str], list[str]]:
@@ -316,7 +418,7 @@ def watchdog_command(request: SbatchRequest) -> tuple[list[str], list[str]]:
                "--model", request.model]
     if request.suspects is not None:
         command += ["--suspects", str(request.suspects)]
-    return srun, command
+    return srun, in_container(request, command)
 
 
 def srun_command(request: SbatchRequest) -> list[str]:
@@ -327,6 +429,6 @@ def srun_command(request: SbatchRequest) -> list[str]:
     argv += _container_args(request)
     argv += list(request.srun_args)
     if request.rank_command:
-        return argv + list(request.rank_command)
-    argv += [request.python, "-m", "clustertrain", "train", "--run-dir", str(request.run_dir), "--model", request.model]
-    return argv
+        return argv + in_container(request, list(request.rank_command))
+    return argv + in_container(request, [request.python, "-m", "clustertrain", "train", "--run-dir",
+                                         str(request.run_dir), "--model", request.model])

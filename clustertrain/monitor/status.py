@@ -30,7 +30,8 @@ GPU-hours over every attempt of ``usage.json`` (a running attempt counts to now)
 price per GPU-hour (:func:`gpu_hour_prices`). Alarms: the events of the current attempt (time >= its start),
 one short line per rank/GPU and kind, errors first (records such as ``checkpoint`` and ``info`` events are not alarms).
 Goodput (rules: :mod:`clustertrain.monitor.goodput`); restarts: of a Slurm run, its job's (``extra["restarts"]``:
-requeues + resubmissions so far, the ``restart N`` its batch script prints; for a job that cannot be asked, what
+requeues + resubmissions so far, continuations after the time limit and failure restarts alike, the ``restart N``
+its batch script prints (its log tells the two apart: docs/slurm.md); for a job that cannot be asked, what
 ``jobs.jsonl`` last recorded), of a local run, attempts - 1 (every start of its ranks after the first); the newest
 incident of the current attempt, the last preemption save and the project's suspect nodes
 (:mod:`clustertrain.monitor.resilience`). Whatever cannot be read leaves its fields None and is named in

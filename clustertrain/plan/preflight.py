@@ -17,6 +17,8 @@ a share of a node with ``plan.node_sharing`` (Slurm     error    ``plan.node_sha
 jobs run on whole nodes)
 no instance type to plan a GPU project with             warning  ``cluster.instance_type``
 no price for the project's region                       warning  ``plan.price``
+plan.tokens vs max_steps x global_batch x seq_len;      warning  (:mod:`clustertrain.plan.model_rules`)
+identical models; no warmup at a large model's lr
 ======================================================  =======  ========================================
 
 :func:`submit_blockers` is the subset ``submit`` refuses on: the errors of the models it submits.
@@ -85,7 +87,9 @@ def plan_findings(project: "Project", plan: "Plan | None" = None) -> list[Findin
     if plan.cluster.price_note:
         out.append(Finding("warning", "plan.price", plan.cluster.price_note.split("; set ")[0],
                            f"set plan.price (per_hour, region: {plan.cluster.region}, date, source) from your price list"))
-    return out
+    from clustertrain.plan.model_rules import model_rule_findings
+
+    return out + model_rule_findings(project, plan)
 
 
 def _fraction(project: "Project", index: int, m) -> list[Finding]:

@@ -103,7 +103,7 @@ def test_a_rank_hung_in_an_all_reduce_ends_the_job_within_the_bound_and_the_rest
     step_time = max(r["step_time_s"] for r in metrics(run) if r["step"] > 1)
     hung_at = incident["detected"] - incident["waited_s"]
     assert ended - hung_at <= max(3 * step_time, 60), (ended - hung_at, incident)
-    assert "submitting the job again (restart 1 of 3) without " + node in output(run, job)
+    assert "submitting the job again (failure restart 1 of 3, restart 1) without " + node in output(run, job)
     assert_resumed_without(cluster, run, successor, node, checkpoint_step=8)
     kinds = [e.kind for e in read_events(RunPaths(run))]
     assert "hang" in kinds and "node_suspect" in kinds

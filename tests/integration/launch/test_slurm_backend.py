@@ -70,7 +70,7 @@ def test_two_ranks_on_two_nodes_complete_with_checkpoints_and_metrics(local_slur
     assert record.output == str(project.storage.root / "sl" / "logs" / "tiny" / f"sl-tiny-{job_id}.out")
     lines = list(slurm.logs(job_id))
     assert any("2 rank(s)" in ln for ln in lines) and any("training complete at step 8" in ln for ln in lines)
-    assert any(ln.startswith(f"clustertrain: job {job_id} (restart 0") and "master 127.0.0.1:" in ln for ln in lines)
+    assert any(ln.startswith(f"clustertrain: job {job_id} (restart 0: segment 1 of at most 4, 0 failure") and "master 127.0.0.1:" in ln for ln in lines)
     # one node sampler per node (started by srun's first task on each), per-rank timing naming the node, usage
     assert sorted(p.name for p in (run / "monitor").glob("*.csv")) == ["node1.csv", "node2.csv"]
     assert {rows[-1].node for rows in read_timing(spec.paths).values()} == {"node1", "node2"}
@@ -114,7 +114,7 @@ def test_usr2_checkpoints_requeues_and_resumes_where_it_stopped(local_slurm, slu
     final = slurm.wait(sub.job_id, timeout=90)
     assert (final.state, final.exit_code, final.extra["restarts"]) == ("COMPLETED", 0, 1), (final, tail(slurm, sub.job_id))
     log = "\n".join(slurm.logs(sub.job_id))
-    assert "got SIGUSR2" in log and f"requeueing job {sub.job_id} (restart 1 of 3)" in log
+    assert "got SIGUSR2" in log and f"requeueing job {sub.job_id} for segment 2 of at most 4 (restart 1;" in log
     stopped_at = int(log.split("stopped by SIGUSR2 after step ")[1].split(";")[0])
     assert stopped_at >= 6
     assert f"resumed from {run / 'checkpoints' / f'step_{stopped_at:08d}'} (step {stopped_at})" in log

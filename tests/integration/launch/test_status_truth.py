@@ -73,7 +73,7 @@ def test_a_queued_job_shows_its_reason_and_no_eta_logs_says_queued_and_a_cancel_
 
 def batch_restart(output: str, job_id: str) -> int:
     """The restart count the batch script printed when job ``job_id`` started (the last start)."""
-    found = re.findall(rf"clustertrain: job {job_id} \(restart (\d+) of at most 3\)", output)
+    found = re.findall(rf"clustertrain: job {job_id} \(restart (\d+): segment \d+ of at most \d+, \d+ failure restarts of at most 3\)", output)
     assert found, output[-3000:]
     return int(found[-1])
 

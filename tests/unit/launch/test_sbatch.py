@@ -60,7 +60,12 @@ def test_golden_container_p5e():
     text = golden_text(req)
     check_golden("sbatch_container_p5e.sh", text)
     assert "--container-image=/fsx/images/train.sqsh" in text
-    assert "--container-mounts=/fsx:/fsx,/dev/infiniband:/dev/infiniband" in text
+    assert "--container-mounts=/fsx:/fsx " in text  # no device bind: Enroot binds /dev, /dev/infiniband included
+    # HOME and the caches under it off the read-only image, onto the mounted cache root, kept by --container-env
+    user = __import__("getpass").getuser()
+    assert f"export HOME=/fsx/proj/m1/cache/{user}/home" in text
+    assert f"export TRITON_CACHE_DIR=/fsx/proj/m1/cache/{user}/triton" in text
+    assert ",HOME,XDG_CACHE_HOME,TRITON_CACHE_DIR,TORCHINDUCTOR_CACHE_DIR,CUDA_CACHE_PATH," in text
     assert "--container-workdir=/fsx/proj/m1 --no-container-mount-home --cpu-bind=none python -m clustertrain train" in text
     assert sys.executable not in text
 

@@ -170,7 +170,7 @@ def test_the_batch_script_counts_restarts_as_slurm_requeues_plus_resubmissions()
     """The line status's count is compared with: requeues (SLURM_RESTART_COUNT) + resubmissions (CLUSTERTRAIN_RESTARTS)."""
     text = (ROOT / "clustertrain/launch/templates/sbatch.sh.j2").read_text()
     assert 'RESTARTS=$(( ${SLURM_RESTART_COUNT:-0} + ${CLUSTERTRAIN_RESTARTS:-0} ))' in text
-    assert 'echo "clustertrain: job $SLURM_JOB_ID (restart $RESTARTS of at most $MAX_RESTARTS)' in text
+    assert 'echo "clustertrain: job $SLURM_JOB_ID (restart $RESTARTS: segment $SEGMENT of at most $MAX_SEGMENTS, ' in text
     assert "CLUSTERTRAIN_RESTARTS=$((RESTARTS + 1))" in text
 
 

@@ -25,8 +25,25 @@ RUN_DIR=/fsx/proj/m1
 # Written by the ranks when training reached its last step (clustertrain/core/run_paths.py RunPaths.completed).
 COMPLETED_MARKER=/fsx/proj/m1/COMPLETED
 MAX_RESTARTS=3
-# Restarts so far: requeues of this job (stop signal) plus the resubmissions before it (failures; see the end).
+MAX_SEGMENTS=4
+# Restarts so far: requeues of this job plus the resubmissions before it (see the end). Two budgets share them
+# (docs/slurm.md, "Segments and restarts"): a continuation after the stop signal (time limit, preemption) that
+# saved a new checkpoint starts the next segment, bounded by launch.max_segments; every other restart (a failure
+# resubmitted, a requeue by Slurm itself after a node failure, a segment that saved nothing) is a failure restart,
+# bounded by launch.max_restarts. This job's continuations are counted in CONTINUED_FILE (a requeued job keeps its
+# id and the environment it was submitted with), those of the jobs before it come in CLUSTERTRAIN_CONTINUED.
 RESTARTS=$(( ${SLURM_RESTART_COUNT:-0} + ${CLUSTERTRAIN_RESTARTS:-0} ))
+CONTINUED_FILE="$RUN_DIR/jobs/$SLURM_JOB_ID.continued"
+CONTINUED_HERE=$(cat "$CONTINUED_FILE" 2>/dev/null || echo 0)
+case "$CONTINUED_HERE" in ''|*[!0-9]*) CONTINUED_HERE=0 ;; esac
+CONTINUED=$(( ${CLUSTERTRAIN_CONTINUED:-0} + CONTINUED_HERE ))
+SEGMENT=$(( CONTINUED + 1 ))
+FAILURES=$(( ${CLUSTERTRAIN_FAILURES:-0} + ${SLURM_RESTART_COUNT:-0} - CONTINUED_HERE ))
+[ "$FAILURES" -ge 0 ] || FAILURES=0
+# Progress of this segment: the checkpoint pointer (the built-in trainer's checkpoints/latest, Megatron-LM's
+# latest_checkpointed_iteration.txt) as it was when the segment started.
+checkpoint_mark() { cat "$RUN_DIR/checkpoints/latest" "$RUN_DIR/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null; }
+MARK_AT_START=$(checkpoint_mark)
 # This script as submitted (Slurm's copy), for a resubmission that excludes a node; the nodes excluded so far.
 SCRIPT="$0"
 EXCLUDED=${CLUSTERTRAIN_EXCLUDED-''}
@@ -44,14 +61,19 @@ mkdir -p "$JOBS_DIR"
 rm -f "$END_MARKER"
 record_end() {
     local tmp="$JOBS_DIR/.$SLURM_JOB_ID.end.$$"
-    printf 'version=1\nstate=%s\nexit_code=%s\nrestarts=%s\nended=%s\nnext_job=%s\n' "$1" "$2" "$RESTARTS" \
-        "$(date +%s)" "${3:-}" > "$tmp" && mv -f "$tmp" "$END_MARKER"
+    printf 'version=1\nstate=%s\nexit_code=%s\nrestarts=%s\nsegment=%s\nfailures=%s\nended=%s\nnext_job=%s\n' "$1" "$2" \
+        "$RESTARTS" "$SEGMENT" "$FAILURES" "$(date +%s)" "${3:-}" > "$tmp" && mv -f "$tmp" "$END_MARKER"
 }
 
 # Rank environment: NCCL/EFA preset p5e (small), then the project's launch.env.
 export NCCL_SOCKET_IFNAME='^docker,lo,veth'
 export NCCL_DEBUG=WARN
 export MY_FLAG='a b'
+export HOME=/fsx/proj/m1/cache/root/home
+export XDG_CACHE_HOME=/fsx/proj/m1/cache/root/cache
+export TRITON_CACHE_DIR=/fsx/proj/m1/cache/root/triton
+export TORCHINDUCTOR_CACHE_DIR=/fsx/proj/m1/cache/root/inductor
+export CUDA_CACHE_PATH=/fsx/proj/m1/cache/root/nv-compute-cache
 export PYTHONUNBUFFERED=1
 
 # Rank wiring (clustertrain/core/ranks.py, the rules the ranks apply too): the ranks take rank/world from srun's
@@ -62,7 +84,7 @@ first_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 MASTER_ADDR=$(scontrol show node "$first_node" -o | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p')
 export MASTER_ADDR="${MASTER_ADDR:-$first_node}"
 export MASTER_PORT=$((20000 + SLURM_JOB_ID % 10000))
-echo "clustertrain: job $SLURM_JOB_ID (restart $RESTARTS of at most $MAX_RESTARTS) on $SLURM_JOB_NODELIST; master $MASTER_ADDR:$MASTER_PORT"
+echo "clustertrain: job $SLURM_JOB_ID (restart $RESTARTS: segment $SEGMENT of at most $MAX_SEGMENTS, $FAILURES failure restarts of at most $MAX_RESTARTS) on $SLURM_JOB_NODELIST; master $MASTER_ADDR:$MASTER_PORT"
 
 # Preemption / time limit: Slurm (--signal above) or `scancel --signal=USR2 --batch` signals this
 # shell; forward it to srun, which passes it to every rank; the ranks finish the step, save and exit 0.
@@ -87,7 +109,7 @@ trap on_term TERM
 
 # The ranks' heartbeats of an earlier start are not this one's (clustertrain/core/heartbeat_files.py).
 rm -rf "$RUN_DIR/heartbeat"
-srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=8 --cpus-per-task=12 --container-image=/fsx/images/train.sqsh --container-name=clustertrain --container-mounts=/fsx:/fsx,/dev/infiniband:/dev/infiniband --container-env=MASTER_ADDR,MASTER_PORT,SLURM_PROCID,SLURM_LOCALID,SLURM_NTASKS,SLURM_JOB_ID,SLURM_NODEID,SLURM_TASKS_PER_NODE,SLURM_STEP_NODELIST,SLURM_JOB_NODELIST,NCCL_SOCKET_IFNAME,NCCL_DEBUG,MY_FLAG,PYTHONUNBUFFERED --container-workdir=/fsx/proj/m1 --no-container-mount-home --cpu-bind=none python -m clustertrain train --run-dir /fsx/proj/m1 --model m1 &
+srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=8 --cpus-per-task=12 --container-image=/fsx/images/train.sqsh --container-name=clustertrain --container-mounts=/fsx:/fsx --container-env=MASTER_ADDR,MASTER_PORT,SLURM_PROCID,SLURM_LOCALID,SLURM_NTASKS,SLURM_JOB_ID,SLURM_NODEID,SLURM_TASKS_PER_NODE,SLURM_STEP_NODELIST,SLURM_JOB_NODELIST,NCCL_SOCKET_IFNAME,NCCL_DEBUG,MY_FLAG,HOME,XDG_CACHE_HOME,TRITON_CACHE_DIR,TORCHINDUCTOR_CACHE_DIR,CUDA_CACHE_PATH,PYTHONUNBUFFERED --container-workdir=/fsx/proj/m1 --no-container-mount-home --cpu-bind=none python -m clustertrain train --run-dir /fsx/proj/m1 --model m1 &
 srun_pid=$!
 if [ -n "$stop_signal" ]; then kill -s USR2 "$srun_pid" 2>/dev/null || true; fi
 
@@ -99,7 +121,7 @@ watchdog_pid=
 start_watchdog() {
     local nodes
     nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd, -)
-    srun --overlap --nodes=1 --ntasks=1 --ntasks-per-node=1 --cpus-per-task=1 --container-image=/fsx/images/train.sqsh --container-name=clustertrain --container-mounts=/fsx:/fsx,/dev/infiniband:/dev/infiniband --container-env=MASTER_ADDR,MASTER_PORT,SLURM_PROCID,SLURM_LOCALID,SLURM_NTASKS,SLURM_JOB_ID,SLURM_NODEID,SLURM_TASKS_PER_NODE,SLURM_STEP_NODELIST,SLURM_JOB_NODELIST,NCCL_SOCKET_IFNAME,NCCL_DEBUG,MY_FLAG,PYTHONUNBUFFERED --container-workdir=/fsx/proj/m1 --no-container-mount-home --nodelist="$SLURMD_NODENAME" \
+    srun --overlap --nodes=1 --ntasks=1 --ntasks-per-node=1 --cpus-per-task=1 --container-image=/fsx/images/train.sqsh --container-name=clustertrain --container-mounts=/fsx:/fsx --container-env=MASTER_ADDR,MASTER_PORT,SLURM_PROCID,SLURM_LOCALID,SLURM_NTASKS,SLURM_JOB_ID,SLURM_NODEID,SLURM_TASKS_PER_NODE,SLURM_STEP_NODELIST,SLURM_JOB_NODELIST,NCCL_SOCKET_IFNAME,NCCL_DEBUG,MY_FLAG,HOME,XDG_CACHE_HOME,TRITON_CACHE_DIR,TORCHINDUCTOR_CACHE_DIR,CUDA_CACHE_PATH,PYTHONUNBUFFERED --container-workdir=/fsx/proj/m1 --no-container-mount-home --nodelist="$SLURMD_NODENAME" \
         python -m clustertrain watchdog --run-dir /fsx/proj/m1 --model m1 --suspects /fsx/proj/suspects.jsonl --job "$SLURM_JOB_ID" --nodes "$nodes" \
         --output "$OUTPUT" --offset "$OUTPUT_START" &
     watchdog_pid=$!
@@ -142,16 +164,30 @@ fi
 VERDICT="$JOBS_DIR/$SLURM_JOB_ID.verdict"
 
 if [ -n "$stop_signal" ]; then
+    requeue=
     if [ -e "$COMPLETED_MARKER" ]; then
         echo "clustertrain: training had completed before the stop; nothing to resume"
-    elif [ "$RESTARTS" -lt "$MAX_RESTARTS" ]; then
-        echo "clustertrain: requeueing job $SLURM_JOB_ID (restart $((RESTARTS + 1)) of $MAX_RESTARTS); it resumes from the latest checkpoint"
+    elif [ "$(checkpoint_mark)" != "$MARK_AT_START" ]; then
+        # The segment saved a newer checkpoint: continuing is the plan, not a failure (launch.max_segments).
+        if [ "$SEGMENT" -lt "$MAX_SEGMENTS" ]; then
+            echo "clustertrain: requeueing job $SLURM_JOB_ID for segment $((SEGMENT + 1)) of at most $MAX_SEGMENTS (restart $((RESTARTS + 1)); the stop signal draws nothing from launch.max_restarts); it resumes from the latest checkpoint"
+            echo "$((CONTINUED_HERE + 1))" > "$CONTINUED_FILE" && requeue=continued
+        else
+            echo "clustertrain: stopped after segment $SEGMENT of at most $MAX_SEGMENTS (launch.max_segments=$MAX_SEGMENTS); resubmit to resume"
+        fi
+    elif [ "$FAILURES" -lt "$MAX_RESTARTS" ]; then
+        # Stopped without a newer checkpoint: another segment would not get further; a failure restart, bounded.
+        echo "clustertrain: this segment saved no new checkpoint; requeueing job $SLURM_JOB_ID as failure restart $((FAILURES + 1)) of $MAX_RESTARTS (restart $((RESTARTS + 1))); it resumes from the latest checkpoint"
+        requeue=failure
+    else
+        echo "clustertrain: this segment saved no new checkpoint and $FAILURES failure restarts were made already (launch.max_restarts=$MAX_RESTARTS); resubmit to resume"
+    fi
+    if [ -n "$requeue" ]; then
         if scontrol requeue "$SLURM_JOB_ID"; then
             exit 0
         fi
+        [ "$requeue" = continued ] && echo "$CONTINUED_HERE" > "$CONTINUED_FILE"
         echo "clustertrain: scontrol requeue failed; resubmit with the same command to resume"
-    else
-        echo "clustertrain: stopped after $RESTARTS restarts (launch.max_restarts=$MAX_RESTARTS); resubmit to resume"
     fi
 fi
 # A failed step: run the job again when the watchdog says a restart can help (a hang, a lost rank, a rank Slurm
@@ -164,11 +200,12 @@ if [ -z "$stop_signal" ] && [ -z "$terminated" ] && [ "$rc" -ne 0 ] && [ -e "$VE
     blamed=$(sed -n 's/^exclude=//p' "$VERDICT")
     if [ -e "$COMPLETED_MARKER" ]; then
         echo "clustertrain: training had completed before the failure; nothing to resume"
-    elif [ "$RESTARTS" -lt "$MAX_RESTARTS" ]; then
+    elif [ "$FAILURES" -lt "$MAX_RESTARTS" ]; then
         exclude="$EXCLUDED${EXCLUDED:+${blamed:+,}}$blamed"
         echo "clustertrain: $reason"
-        echo "clustertrain: submitting the job again (restart $((RESTARTS + 1)) of $MAX_RESTARTS)${exclude:+ without $exclude}; it resumes from the latest checkpoint"
-        if next_job=$(CLUSTERTRAIN_RESTARTS=$((RESTARTS + 1)) CLUSTERTRAIN_EXCLUDED="$exclude" \
+        echo "clustertrain: submitting the job again (failure restart $((FAILURES + 1)) of $MAX_RESTARTS, restart $((RESTARTS + 1)))${exclude:+ without $exclude}; it resumes from the latest checkpoint"
+        if next_job=$(CLUSTERTRAIN_RESTARTS=$((RESTARTS + 1)) CLUSTERTRAIN_FAILURES=$((FAILURES + 1)) \
+                CLUSTERTRAIN_CONTINUED="$CONTINUED" CLUSTERTRAIN_EXCLUDED="$exclude" \
                 CLUSTERTRAIN_LEASE_JOB="${CLUSTERTRAIN_LEASE_JOB:-$SLURM_JOB_ID}" \
                 sbatch --parsable --export=ALL ${exclude:+--exclude="$exclude"} "$SCRIPT"); then
             next_job="${next_job%%;*}"
@@ -178,7 +215,7 @@ if [ -z "$stop_signal" ] && [ -z "$terminated" ] && [ "$rc" -ne 0 ] && [ -e "$VE
             echo "clustertrain: sbatch failed; resubmit with the same command to resume"
         fi
     else
-        echo "clustertrain: $reason; not restarted: $RESTARTS restarts already (launch.max_restarts=$MAX_RESTARTS); resubmit to resume"
+        echo "clustertrain: $reason; not restarted: $FAILURES failure restarts already (launch.max_restarts=$MAX_RESTARTS); resubmit to resume"
     fi
 fi
 if [ -z "$terminated" ]; then

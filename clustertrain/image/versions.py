@@ -32,9 +32,9 @@ import hashlib
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import AfterValidator, Field, field_validator
 
 from clustertrain.core.errors import ImageError
 from clustertrain.core.schema import StrictModel, read_yaml, validate_model
@@ -43,13 +43,23 @@ HERE = Path(__file__).parent
 DEFAULT_VERSIONS = HERE / "versions.yaml"
 DEFAULT_COMPAT = HERE / "compat.yaml"
 _DATE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+
+
+def _dated(v: str) -> str:
+    if not _DATE_RE.match(v):
+        raise ValueError(f"date {v!r} must be YYYY-MM-DD")
+    return v
+
+
+#: a source's date, YYYY-MM-DD
+SourceDate = Annotated[str, AfterValidator(_dated)]
 _VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 
 
 class Pin(StrictModel):
     version: str = Field(description="The version (as its project writes it: 2.32.3-1, v2.5.1, core_v0.16.1...).")
     source: str = Field(min_length=8, description="Where it was read: a URL, or repository@commit:path.")
-    date: str = Field(description="Date of the source (YYYY-MM-DD).")
+    date: SourceDate = Field(description="Date of the source (YYYY-MM-DD).")
     provided_by: str | None = Field(None, description="The pin that installs it (e.g. efa_installer); None: installed on its own.")
     note: str = Field("", description="Why this version, in a few words.")
 
@@ -60,12 +70,6 @@ class Pin(StrictModel):
             raise ValueError(f"version {v!r} must be letters, digits, '.', '_', '+' or '-' (it goes into shell and URLs)")
         return v
 
-    @field_validator("date")
-    @classmethod
-    def _date(cls, v: str) -> str:
-        if not _DATE_RE.match(v):
-            raise ValueError(f"date {v!r} must be YYYY-MM-DD")
-        return v
 
 
 class BaseImage(StrictModel):
@@ -79,14 +83,7 @@ class BaseImage(StrictModel):
 class Size(StrictModel):
     gb: float = Field(gt=0, description="Size in GB (10^9 bytes), as docker and the NGC catalog report sizes.")
     source: str = Field(min_length=8, description="Where it was read, or how it was estimated.")
-    date: str = Field(description="Date of the source (YYYY-MM-DD).")
-
-    @field_validator("date")
-    @classmethod
-    def _date(cls, v: str) -> str:
-        if not _DATE_RE.match(v):
-            raise ValueError(f"date {v!r} must be YYYY-MM-DD")
-        return v
+    date: SourceDate = Field(description="Date of the source (YYYY-MM-DD).")
 
 
 class FootprintSizes(StrictModel):

@@ -138,7 +138,11 @@ def _read_only(tree: str) -> None:
         except OSError:
             continue  # a mount point this namespace cannot reach (a stale network mount): leave it
         keep = sum(bit for st, bit in _KEEP if flags & st)
-        _mount(point, point, None, MS_BIND | MS_REMOUNT | MS_RDONLY | keep)
+        if _LIBC.mount(point.encode(), point.encode(), None, MS_BIND | MS_REMOUNT | MS_RDONLY | keep, None) != 0:
+            err = ctypes.get_errno()
+            if point != tree and err == 22:
+                continue  # EINVAL: a mount hidden under a later one at a parent path (that one is remounted)
+            raise ViewError(f"container view: read-only remount of {point}: {os.strerror(err)}")
 
 
 def _bind(source: str, target: str, read_only: bool) -> None:
@@ -201,7 +205,9 @@ def build_root(opts: Options, home: str | None) -> str:
         elif os.path.isdir(target):
             _mount("view-no-home", target, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755")
             hidden = home
-    for path in opts.image_paths:  # the stand-in image's software, where the view's tmpfs hid it
+    paths = [p for p in opts.image_paths  # the outermost only: a later bind of a parent would hide an inner one
+             if not any(o != p and p.startswith(o.rstrip("/") + "/") for o in opts.image_paths)]
+    for path in paths:  # the stand-in image's software, where the view's tmpfs hid it
         under_home = hidden is not None and (path == hidden or path.startswith(hidden.rstrip("/") + "/"))
         if os.path.isdir(path) and (under_home or path.strip("/").split("/")[0] in ("tmp", "run")):
             target = root + path

@@ -70,8 +70,12 @@ def test_the_stand_in_software_under_tmp_is_bound_back_read_only(tmp_path):
     soft = tmp_path / "venv"
     soft.mkdir()
     (soft / "python").write_text("#!/bin/sh\necho stand-in\n")
-    out = view([f"--image-path={soft}"], f"cat {soft}/python; touch {soft}/y")
-    assert "echo stand-in" in out.stdout
+    (soft / "lib").mkdir()
+    (soft / "lib" / "site.txt").write_text("inner\n")
+    # a fresh clone in /tmp: its venv and the clone both given, one inside the other (the outer one is bound)
+    out = view([f"--image-path={soft / 'lib'}", f"--image-path={soft}"], f"cat {soft}/python {soft}/lib/site.txt; touch {soft}/y")
+    assert out.returncode != 125, out.stderr
+    assert "echo stand-in" in out.stdout and "inner" in out.stdout
     assert f"touch: cannot touch '{soft}/y': Read-only file system" in out.stderr
 
 

@@ -294,7 +294,7 @@ def render_script(request: SbatchRequest) -> str:
     check_request(request)
     wd_srun, wd_command = watchdog_command(request)
     return render_template(TEMPLATE, r=request, srun=srun_command(request), wd_srun=wd_srun, wd_command=wd_command,
-                           step_srun=step_srun(request))
+                           step_srun=step_srun(request), backup_words=in_container(request, list(request.backup_command)))
 
 
 def step_srun(request: SbatchRequest) -> list[str]:

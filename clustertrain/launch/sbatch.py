@@ -386,7 +386,13 @@ def in_container(request: SbatchRequest, command: list[str]) -> list[str]:
         return list(command)
     options = container_options(request.container_image, request.container_mounts, request.container_env,
                                 request.run_dir)
-    return [*request.container_view, *options, "--", *command]
+    return in_view(request.container_view, options, command)
+
+
+def in_view(view: tuple[str, ...], options: list[str] | tuple[str, ...], command: list[str]) -> list[str]:
+    """``command`` behind the stand-in view's prefix ``view`` (:func:`view_prefix`) given Pyxis's ``options``
+    (:func:`container_options`): what a Slurm without Pyxis runs for a step Pyxis would run with them."""
+    return [*view, *options, "--", *command]
 
 
 def view_prefix(python: str = sys.executable) -> tuple[str, ...]:

@@ -16,7 +16,11 @@ collectives, nccl-tests and storage steps run through Pyxis in it with training'
 environment (:func:`~clustertrain.validate.suitejob.in_image`) and the image's interpreter; the GPU/EFA job is
 the host scan (driver, EFA devices, kernel modules) and runs on the bare node. :func:`require_image` refuses,
 before anything is planned or written, a project whose image file is missing and a GPU project without an
-image; a CPU project without one (``gpus_per_node: 0``) runs its steps on the hosts.
+image; a CPU project without one (``gpus_per_node: 0``) runs its steps on the hosts. clustertrain's local Slurm has
+no Pyxis (srun refuses ``--container-*``): when the suite submits there (``SLURM_CONF`` names a clustertrain local
+cluster, :func:`~clustertrain.launch.slurm_cluster_paths.local_cluster_of`), the same steps run in the stand-in view
+(:mod:`clustertrain.launch.container_view`) given the same Pyxis options, with this machine's interpreter — as
+training's ranks do there (:meth:`clustertrain.launch.slurm.SlurmLauncher.request_for`); the host scan stays bare.
 
 Where: the storage layout's ``validation_dir()`` (``<outputs>/<project>/validation/``); an ``aws:`` project
 must have it on a shared mount, else the suite refuses naming the field (:func:`validation_base`).
@@ -24,6 +28,7 @@ must have it on a shared mount, else the suite refuses naming the field (:func:`
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Mapping
 from datetime import datetime
@@ -100,18 +105,27 @@ def new_suite_dir(project: Project, now: datetime | None = None) -> SuitePaths:
     raise ValidateError(f"{base}: cannot make a new suite directory for {stamp}")
 
 
-def suite_context(project: Project, cfg: SuiteConfig, paths: SuitePaths,
-                  table: ThresholdsConfig | None = None) -> SuiteContext:
-    """The context the check units plan and judge with (the default collectives sweep filled in)."""
-    from clustertrain.launch.sbatch import interpreter
+def suite_context(project: Project, cfg: SuiteConfig, paths: SuitePaths, table: ThresholdsConfig | None = None,
+                  env: Mapping[str, str] | None = None) -> SuiteContext:
+    """The context the check units plan and judge with (the default collectives sweep filled in). ``env``: the Slurm
+    client variables (over this process's environment); where its ``SLURM_CONF`` names a clustertrain local cluster
+    (no Pyxis) and the project has an image, the steps go behind the stand-in view and the interpreter is this
+    machine's (the image's does not exist here), as :func:`~clustertrain.launch.sbatch.with_container_view` does
+    for training."""
+    from clustertrain.launch.sbatch import interpreter, view_prefix
+    from clustertrain.launch.slurm_cluster_paths import local_cluster_of
 
     table = table or load_thresholds()
     key = thresholds_key(table, project.cluster.instance_type, project.cluster.gpus_per_node)
     if cfg.collectives is None:
         cfg = cfg.model_copy(update={"collectives": default_collectives(project, table)})
+    view: tuple[str, ...] = ()
+    if project.container_image and local_cluster_of(env) is not None:
+        view = view_prefix(sys.executable)
+        cfg = cfg.model_copy(update={"python": sys.executable})
     if cfg.python is None:
         cfg = cfg.model_copy(update={"python": interpreter(project)})
-    return SuiteContext(project, cfg, paths, table, key)
+    return SuiteContext(project, cfg, paths, table, key, view)
 
 
 def plan_checks(ctx: SuiteContext) -> list[tuple[str, list[SuiteJob], str | None]]:
@@ -123,12 +137,12 @@ def plan_checks(ctx: SuiteContext) -> list[tuple[str, list[SuiteJob], str | None
     return out
 
 
-def plan_suite(project: Project, cfg: SuiteConfig, paths: SuitePaths,
-               table: ThresholdsConfig | None = None) -> tuple[list[SuiteJob], dict[str, str]]:
-    """The jobs to submit, and the checks that do not apply with the reason (``gpu-efa`` without GPUs); a project
-    :func:`require_image` refuses is refused first."""
+def plan_suite(project: Project, cfg: SuiteConfig, paths: SuitePaths, table: ThresholdsConfig | None = None,
+               env: Mapping[str, str] | None = None) -> tuple[list[SuiteJob], dict[str, str]]:
+    """The jobs to submit (to the Slurm of ``env``: :func:`suite_context`), and the checks that do not apply with the
+    reason (``gpu-efa`` without GPUs); a project :func:`require_image` refuses is refused first."""
     require_image(project)
-    planned = plan_checks(suite_context(project, cfg, paths, table))
+    planned = plan_checks(suite_context(project, cfg, paths, table, env))
     return [j for _, jobs, _ in planned for j in jobs], {name: why for name, _, why in planned if why}
 
 
@@ -162,7 +176,7 @@ def run_suite(project: Project, cfg: SuiteConfig, env: Mapping[str, str] | None 
     require_image(project)
     require_slurm(env)
     paths = new_suite_dir(project)
-    ctx = suite_context(project, cfg, paths, thresholds)
+    ctx = suite_context(project, cfg, paths, thresholds, env)
     planned = plan_checks(ctx)
     report = SuiteReport(project=project.name, nodes=cfg.nodes, instance_type=project.cluster.instance_type,
                          thresholds=ctx.key, directory=str(paths.root), started=datetime.now().isoformat(timespec="seconds"))

@@ -5,7 +5,8 @@ A check unit (:mod:`clustertrain.validate.suite_checks`) plans its jobs as :clas
 judges what they left. This module holds those values, :func:`new_job` (a job with the project's Slurm
 settings), :func:`srun_step` (one ``srun`` argv whose output lands in the job's results directory),
 :func:`in_image` (the Pyxis options that put a step in the project's image, exactly as training's steps are:
-:func:`clustertrain.launch.sbatch.container_options`), :func:`job_env` (the ranks' environment),
+:func:`clustertrain.launch.sbatch.container_options`; on a Slurm without Pyxis, the stand-in view's prefix that takes
+them instead, :class:`ImageStep`), :func:`job_env` (the ranks' environment),
 :func:`render_job` (the batch script, ``launch/templates/validate.sh.j2`` through
 :mod:`clustertrain.core.templating`) and :func:`job_rows` (the ``job`` row every job gets).
 
@@ -27,7 +28,8 @@ from clustertrain.core.errors import LaunchError
 from clustertrain.launch.config import ENV_NAME_RE
 from clustertrain.launch.presets import RankEnvironment, rank_environment
 from clustertrain.launch.sbatch import (
-    TEMPLATES, check_renderable, container_env_names, container_options, container_step, sbatch_quote, slurm_filename,
+    TEMPLATES, check_renderable, container_env_names, container_options, container_step, in_view, sbatch_quote,
+    slurm_filename,
 )
 from clustertrain.project import Project
 from clustertrain.core.ranks import batch_lines
@@ -60,13 +62,36 @@ class SuiteConfig(StrictModel):
 @dataclass(frozen=True)
 class SuiteContext:
     """What a check unit plans and judges with. ``cfg.collectives`` and ``cfg.python`` are always set (the default
-    sweep and the ranks' interpreter filled in); ``key``: the thresholds.yaml entry of the project."""
+    sweep and the ranks' interpreter filled in); ``key``: the thresholds.yaml entry of the project; ``view``: the
+    stand-in view's prefix (:func:`~clustertrain.launch.sbatch.view_prefix`) when the suite submits to a Slurm
+    without Pyxis (clustertrain's local one) and the project has an image, else empty."""
 
     project: Project
     cfg: SuiteConfig
     paths: SuitePaths
     table: ThresholdsConfig
     key: str
+    view: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ImageStep:
+    """How one step runs in the project's image. Under Pyxis the ``options`` are srun's (:attr:`srun`) and the
+    command is itself; on a Slurm without Pyxis (``view`` set: the local one) srun gets none of them and the command
+    runs behind the stand-in view's prefix given the same options, as training's ranks do
+    (:func:`~clustertrain.launch.sbatch.in_view`, :mod:`clustertrain.launch.container_view`). No image: neither."""
+
+    options: tuple[str, ...] = ()
+    view: tuple[str, ...] = ()
+
+    @property
+    def srun(self) -> tuple[str, ...]:
+        """The words srun gets (Pyxis's options, or none behind the view)."""
+        return () if self.view else self.options
+
+    def command(self, argv: list[str]) -> list[str]:
+        """``argv`` as the step runs it (behind the view's prefix on a Slurm without Pyxis)."""
+        return in_view(self.view, self.options, argv) if self.view and self.options else list(argv)
 
 
 @dataclass(frozen=True)
@@ -131,17 +156,18 @@ def job_env(ctx: SuiteContext, nodes: int) -> RankEnvironment:
 
 
 def in_image(ctx: SuiteContext, env: RankEnvironment, workdir: Path,
-             dirs: tuple[Path, ...] = ()) -> tuple[tuple[str, ...], RankEnvironment]:
-    """A step in the project's image: its Pyxis options and the job's environment, from the functions training's
-    steps use (:func:`~clustertrain.launch.sbatch.container_step`, :func:`~clustertrain.launch.sbatch.container_options`):
+             dirs: tuple[Path, ...] = ()) -> tuple[ImageStep, RankEnvironment]:
+    """A step in the project's image: its Pyxis options (as an :class:`ImageStep`, behind ``ctx.view`` where there is
+    one) and the job's environment, from the functions training's steps use
+    (:func:`~clustertrain.launch.sbatch.container_step`, :func:`~clustertrain.launch.sbatch.container_options`):
     the image, the named container, the mounts (the shared mounts or storage bases, the suite directory, ``dirs``, the
     node-local cache root), ``--container-env`` of ``env`` with the cache variables, ``workdir``, HOME not mounted.
     Without an image: no option, ``env`` as it is."""
     image = ctx.project.container_image
     if not image:
-        return (), env
+        return ImageStep(), env
     mounts, env = container_step(ctx.project, env, workdir, (ctx.paths.root, *dirs))
-    return tuple(container_options(image, mounts, container_env_names(env), workdir)), env
+    return ImageStep(tuple(container_options(image, mounts, container_env_names(env), workdir)), ctx.view), env
 
 
 def check_job(job: SuiteJob) -> None:

@@ -77,7 +77,7 @@ def plan(ctx: SuiteContext) -> list[SuiteJob]:
     box, env = in_image(ctx, env, res)
     return [new_job(ctx, NAME, NAME, nodes=n, ntasks_per_node=cl.ranks_per_node, env=env,
                     steps=[srun_step(ctx, n, cl.ranks_per_node, res, "collectives-%t.json",
-                                     ("--kill-on-bad-exit=1", *box)) + args],
+                                     ("--kill-on-bad-exit=1", *box.srun)) + box.command(args)],
                     outputs=[res / "collectives-0.json"], files=((config, spec.model_dump_json(indent=2) + "\n"),))]
 
 

@@ -55,8 +55,8 @@ def plan(ctx: SuiteContext) -> list[SuiteJob]:
     env = RankEnvironment({**base.set, **NCCL_DEBUG_ENV}, base.prepend, base.family, base.scale, base.efa)
     box, env = in_image(ctx, env, res)
     return [new_job(ctx, NAME, NAME, nodes=n, ntasks_per_node=per_node, env=env,
-                    steps=[srun_step(ctx, n, per_node, res, f"{op}.txt", ("--kill-on-bad-exit=1", "--mpi=pmix", *box))
-                           + command(op, spec) for op in spec.ops],
+                    steps=[srun_step(ctx, n, per_node, res, f"{op}.txt", ("--kill-on-bad-exit=1", "--mpi=pmix", *box.srun))
+                           + box.command(command(op, spec)) for op in spec.ops],
                     outputs=[res / f"{op}.txt" for op in spec.ops])]
 
 

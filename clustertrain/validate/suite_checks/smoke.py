@@ -45,8 +45,8 @@ def plan(ctx: SuiteContext) -> list[SuiteJob]:
             *(["--instance-type", itype] if itype else [])]
     return [new_job(ctx, NAME, NAME, nodes=n, ntasks_per_node=1, env=env, steps=[
         srun_step(ctx, n, 1, res, "host-%n.txt") + ["bash", "-c", 'echo "$SLURMD_NODENAME $(hostname)"'],
-        srun_step(ctx, n, 1, res, "python-%n.txt", box) + [python, "-c", INTERPRETER],
-        srun_step(ctx, n, 1, res, "scan-%n.json", box) + scan],
+        srun_step(ctx, n, 1, res, "python-%n.txt", box.srun) + box.command([python, "-c", INTERPRETER]),
+        srun_step(ctx, n, 1, res, "scan-%n.json", box.srun) + box.command(scan)],
         outputs=[res / f"{kind}-{i}.{ext}" for i in range(n) for kind, ext in
                  (("host", "txt"), ("python", "txt"), ("scan", "json"))])]
 

@@ -60,9 +60,9 @@ def plan(ctx: SuiteContext) -> list[SuiteJob]:
         env = job_env(ctx, 1) if ctx.project.container_image else RankEnvironment()
         box, env = in_image(ctx, env, res, (where,))
         jobs.append(new_job(ctx, name, NAME, nodes=1, ntasks_per_node=1, gpus=False, target=str(where), env=env,
-                            steps=[srun_step(ctx, 1, None, res, "storage.json", box) + [
+                            steps=[srun_step(ctx, 1, None, res, "storage.json", box.srun) + box.command([
                                 str(ctx.cfg.python), "-m", "clustertrain", "validate", "storage", str(where),
-                                "--config", str(config), "--json"]],
+                                "--config", str(config), "--json"])],
                             outputs=[res / "storage.json"], files=((config, text),)))
     return jobs
 

@@ -158,3 +158,47 @@ def test_nccl_tests_job_judged_on_recorded_output(tmp_path):
     assert transport.verdict == "fail" and "Socket" in transport.found
     cpu = suite_context(load_project(local_project(tmp_path)), SuiteConfig(nodes=2), SuitePaths(tmp_path / "c"))
     assert nccl_tests.not_applicable(cpu) == "not applicable: gpus_per_node=0"
+
+
+def test_on_a_slurm_without_pyxis_the_image_steps_run_behind_the_container_view(tmp_path):
+    """SLURM_CONF naming a clustertrain local cluster (its state directory: slurm.conf beside cluster.json; no Slurm
+    is started here): srun gets no Pyxis option, each image step runs `python -m clustertrain.launch.container_view
+    <the same options> -- COMMAND` with this machine's interpreter, as training's ranks do; the host scan stays bare.
+    The real run is tests/integration/validate/test_suite_in_view.py."""
+    import sys
+
+    from clustertrain.launch.sbatch import view_prefix
+    from clustertrain.launch.slurm_cluster_paths import LocalSlurmPaths
+
+    state = LocalSlurmPaths(tmp_path / "local-slurm")
+    state.root.mkdir()
+    state.conf.write_text("# stand-in for the local cluster's slurm.conf: only its place is read here\n")
+    state.write_record({"nodes": 2})
+    local = {"SLURM_CONF": str(state.conf)}
+    project = load_project(EXAMPLE_P5E)
+    paths = SuitePaths(Path("/fsx/checkpoints/p5e-80x7/validation/DRY-RUN"))
+    real, _ = plan_suite(project, SuiteConfig(nodes=2), paths, env={"SLURM_CONF": str(tmp_path / "slurm.conf")})
+    jobs, skipped = plan_suite(project, SuiteConfig(nodes=2), paths, env=local)
+    assert skipped == {} and [j.name for j in jobs] == [j.name for j in real]
+    view = list(view_prefix(sys.executable))
+    for job, pyxis in zip(jobs, real):
+        for i, (argv, under_pyxis) in enumerate(zip(srun_lines(render_job(job, paths)), pyxis.steps)):
+            if i not in IMAGE_STEPS[job.name]:
+                assert argv == list(under_pyxis) and "clustertrain.launch.container_view" not in argv, (job.name, i)
+                continue
+            at = argv.index(view[0])
+            assert options(argv[:at]) == {}, argv  # srun itself gets no Pyxis option
+            cut = argv.index("--", at)
+            assert argv[at:at + len(view)] == view and options(argv[at + len(view):cut]) == options(under_pyxis)
+            command = argv[cut + 1:]
+            assert command[0] == sys.executable or command[0].endswith("_perf"), command
+            assert command[1:] == list(under_pyxis[-len(command) + 1:]), (command, under_pyxis)
+    # the CLI's dry run reads SLURM_CONF from the environment: a built CPU project shows its steps in the view
+    path = local_project(tmp_path)
+    sqsh = sqsh_path(load_project(path))
+    sqsh.parent.mkdir(parents=True)
+    sqsh.write_bytes(b"hsqs")
+    dry = runner.invoke(app, ["suite", str(path), "--dry-run"], env=local)
+    assert dry.exit_code == 0, dry.output
+    assert dry.output.count("clustertrain.launch.container_view") == 4  # smoke x2, collectives, storage
+    assert "srun --nodes=2 --ntasks-per-node=1 --container-image" not in dry.output

@@ -76,8 +76,9 @@ class ParallelLayout:
     def tp_rank(self, rank: int) -> int:
         return rank % self.tp
 
-    def describe(self) -> str:
-        """``fsdp 2 x tp 2 +sp x pp 2 1f1b, recompute selective, bf16 params / fp32 reduce`` — for logs and reports."""
+    def describe(self, dtypes: bool = True) -> str:
+        """``fsdp 2 x tp 2 +sp x pp 2 1f1b, recompute selective, bf16 params / fp32 reduce`` — for logs and reports
+        (``dtypes=False``: without the configured dtypes, for a line that states the ones a built model uses)."""
         parts = [f"{'fsdp' if self.fsdp else 'ddp'} {self.dp}"]
         if self.tp > 1:
             parts.append(f"tp {self.tp}" + (" +sp" if self.sequence_parallel else ""))
@@ -90,8 +91,9 @@ class ParallelLayout:
             extras.append(f"recompute {self.recompute}")
         if self.compile:
             extras.append("compiled")
-        extras.append(f"{self.param_dtype} params" + (f" / {self.reduce_dtype} reduce" if self.fsdp else ""))
-        return text + ", " + ", ".join(extras)
+        if dtypes:
+            extras.append(f"{self.param_dtype} params" + (f" / {self.reduce_dtype} reduce" if self.fsdp else ""))
+        return "".join([text, *(", " + extra for extra in extras)])
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

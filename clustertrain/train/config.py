@@ -167,7 +167,8 @@ class ParallelismConfig(StrictModel):
                           "Triton on GPU, a C++ compiler on CPU). Built-in trainer only.")
     param_dtype: Literal["auto", "bf16", "fp32"] = Field(
         "auto", description="Compute dtype of the weights: `bf16` (FSDP2: bf16 gathered parameters over fp32 sharded master "
-        "weights; DDP: bf16 autocast over fp32 weights; Megatron: `--bf16`) or `fp32`. `auto`: bf16 on GPUs, fp32 on CPU workers.",
+        "weights; DDP, and one process (no FSDP2 without a process group): bf16 autocast over fp32 weights; Megatron: "
+        "`--bf16`) or `fp32`. `auto`: bf16 on GPUs, fp32 on CPU workers.",
     )
     reduce_dtype: Literal["fp32", "bf16"] = Field(
         "fp32", description="Dtype of the gradient reduction over dp (FSDP2, or Megatron's `--grad-reduce-in-bf16`; "

@@ -39,7 +39,7 @@ from clustertrain.train.hooks import Injections
 from clustertrain.core.parallel_layout import LayoutError, ParallelLayout, resolve_layout
 from clustertrain.train.metrics import MetricsWriter, peak_flops_for
 from clustertrain.train.model import flops_per_token, padded_vocab
-from clustertrain.train.optim import build_optimizer, lr_at, set_lr
+from clustertrain.train.optim import NonFiniteSkip, build_optimizer, lr_at, set_lr
 from clustertrain.train.parallel import build_parallel_model
 from clustertrain.train.parallel.compile import check_compiler
 from clustertrain.train.signals import StopRequest
@@ -102,6 +102,7 @@ class Trainer:
         self.model = self.pm.model
         self.flops_per_token = flops_per_token(entry.model, self.pm.non_embedding_params)
         self.optimizer = build_optimizer(self.model, cfg)
+        self.nonfinite = NonFiniteSkip(device)
         # dropout streams per data-parallel rank: the ranks of a tensor-parallel group draw the same masks
         torch.manual_seed(cfg.seed + 1 + self.dp_rank)
         self.train_state = TrainState()
@@ -221,8 +222,9 @@ class Trainer:
             grad_norm = self.pm.clip_grad_norm_(self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf"))
         self._phase("optimizer")
         with timer.part("compute"):
-            if not bool(torch.isfinite(grad_norm)):  # the global norm: every rank stops at the same step
-                raise NonFinite(self.step + 1, "gradient norm", float(grad_norm))
+            # the global norm, tested on the device: a non-finite step is skipped there, and every rank stops at
+            # the next log row or checkpoint naming it (check_finite) — no host sync between two forwards
+            self.nonfinite.record(self.step + 1, grad_norm, self.optimizer)
             set_lr(self.optimizer, lr_at(self.step, self.cfg))
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
@@ -255,8 +257,16 @@ class Trainer:
         no_stop, finished = (int(v) for v in self._stop_flag.tolist())
         return no_stop == 0, finished
 
+    def _check_finite(self) -> None:
+        """Raise NonFinite for the first step whose gradient norm was not finite (skipped on the device); a host
+        sync, called where the loop syncs anyway: before a log row and before a checkpoint."""
+        bad = self.nonfinite.first()
+        if bad is not None:
+            raise NonFinite(bad[0], "gradient norm", bad[1])
+
     def _save(self, final: bool) -> None:
         """Save at this step: asynchronously unless it is the run's last save (then wait, so it is committed)."""
+        self._check_finite()  # never save a state after a skipped step: the run stops at the step it names
         self._phase("checkpoint")
         started = time.perf_counter()
         if self.env.rank == 0:  # only rank 0 commits, and so learns how long a save took
@@ -293,6 +303,7 @@ class Trainer:
             self.backup.submit(path)
 
     def _log_row(self, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float, step_time: float) -> None:
+        self._check_finite()
         self._phase("collective")
         with self.timer.part("comm"):  # counted in the next interval: this one's means travel in the gather
             losses, timings = self.timer.gather(float(loss), self.ctrl, self.env.world_size)
@@ -320,8 +331,8 @@ class Trainer:
     def fit(self, stop: StopRequest) -> Outcome:
         cfg, rank = self.cfg, self.env.rank
         log(rank, f"model {self.entry.name}: {self.pm.total_params:,} parameters, {self.env.world_size} rank(s) "
-                  f"({self.layout.describe()}), grad accumulation {self.accum}, device {self.device.type}, "
-                  f"steps {self.step}->{cfg.max_steps}")
+                  f"({self.layout.describe(dtypes=False)}, {self.pm.precision.describe()}), grad accumulation "
+                  f"{self.accum}, device {self.device.type}, steps {self.step}->{cfg.max_steps}")
         self.saved: Path | None = None
         self._stopping = False
         self._stop_received: float | None = None

@@ -4,8 +4,8 @@ parallelism (FSDP2 or DDP) — on the meta device, then materialise and initiali
 pipeline parallelism, the rank's stages first (``pipeline``), each stage then treated as a model.
 
 :class:`ParallelModel` is what the training loop sees: ``forward_backward_step`` for a step's micro-batches,
-``clip_grad_norm_``, and the unwrapped ``model`` for the optimizer and checkpoints. The loop does
-not know which parallelisms are on. Each parallelism is one small module here (``tensor``,
+``clip_grad_norm_``, the unwrapped ``model`` for the optimizer and checkpoints, and the :class:`Precision` it
+computes in. The loop does not know which parallelisms are on. Each parallelism is one small module here (``tensor``,
 ``data_parallel``, ``recompute``, ``compile``, ``grads``, ``pipeline``).
 """
 
@@ -29,6 +29,25 @@ if TYPE_CHECKING:
     from clustertrain.train.parallel.pipeline import Pipeline
 
 
+@dataclass(frozen=True)
+class Precision:
+    """The dtypes a built model uses, decided by what was applied to it (not by the configured ``param_dtype``
+    alone): ``params`` of the stored parameters (the optimizer's master weights), ``compute`` of the forward and
+    backward (FSDP2's gathered copies under its ``MixedPrecisionPolicy``, or bf16 autocast where FSDP2 was not
+    applied), ``reduce`` of the data-parallel gradient reduction (None: nothing is reduced over dp — one process
+    without a data-parallel wrapper). ``how``: ``fsdp2`` | ``autocast`` | ``none``."""
+
+    params: str
+    compute: str
+    reduce: str | None
+    how: str
+
+    def describe(self) -> str:
+        """``params fp32 / compute bf16 / reduce fp32`` (the trainer's start line)."""
+        return f"params {self.params} / compute {self.compute} / " + (
+            f"reduce {self.reduce}" if self.reduce else "no reduce")
+
+
 @dataclass
 class ParallelModel:
     model: GPT                              # the rank's (sharded) model or pipeline stages: optimizer, checkpoints
@@ -37,6 +56,7 @@ class ParallelModel:
     mesh: object | None = None              # DeviceMesh with dims ("dp", "tp") (pp > 1: ("pp", "dp", "tp")); None alone
     loss_parallel: bool = False
     autocast: Callable[[], AbstractContextManager] = field(default=nullcontext)
+    precision: Precision = Precision("fp32", "fp32", None, "none")
     pipeline: Pipeline | None = None        # pp > 1: the rank's stages and the schedule
     total_params: int = 0                   # of the whole (unsharded, unsplit) model
     non_embedding_params: int = 0
@@ -139,7 +159,10 @@ def build_parallel_model(arch: ArchConfig, vocab: int, layout: ParallelLayout, d
     apply_recompute(model, layout.recompute)
     if layout.compile:
         apply_compile(model)
-    if layout.fsdp and mesh is not None:
+    # FSDP2 needs a device mesh, which needs a process group: one process (world size 1) has neither, and nothing to
+    # shard; its zero_stage 3 then runs unwrapped, and computes in param_dtype through autocast like DDP does
+    fsdp = layout.fsdp and mesh is not None
+    if fsdp:
         from clustertrain.train.parallel.data_parallel import apply_fsdp
 
         for part in parts:
@@ -150,14 +173,22 @@ def build_parallel_model(arch: ArchConfig, vocab: int, layout: ParallelLayout, d
     model.init_weights(seed)
     modules: list[nn.Module] = list(parts)
     autocast: Callable[[], AbstractContextManager] = nullcontext
-    if not layout.fsdp:
-        if mesh is not None and layout.dp > 1 and layout.pp == 1:
-            from clustertrain.train.parallel.data_parallel import apply_ddp
+    params = _dtype_name(next(model.parameters()).dtype)
+    reduce: str | None = layout.reduce_dtype if fsdp else None
+    precision = Precision(params, layout.param_dtype if fsdp else params, reduce, "fsdp2" if fsdp else "none")
+    if not fsdp:
+        if mesh is not None and layout.dp > 1:  # DDP, or (pp > 1) the pipeline's own all-reduce: of the fp32 gradients
+            reduce = params
+            if layout.pp == 1:
+                from clustertrain.train.parallel.data_parallel import apply_ddp
 
-            modules = [apply_ddp(part, device, mesh["dp"].get_group())]
+                modules = [apply_ddp(part, device, mesh["dp"].get_group())]
+        precision = Precision(params, params, reduce, "none")
         if layout.param_dtype == "bf16":  # fp32 weights, bf16 compute (FSDP2 casts with its MixedPrecisionPolicy instead)
             def autocast() -> AbstractContextManager:
                 return torch.autocast(device.type, dtype=torch.bfloat16)
+
+            precision = Precision(params, "bf16", reduce, "autocast")
     pipeline = None
     if layout.pp > 1:
         from clustertrain.train.parallel.pipeline import Pipeline
@@ -165,4 +196,8 @@ def build_parallel_model(arch: ArchConfig, vocab: int, layout: ParallelLayout, d
         replicas = mesh["dp"].get_group() if not layout.fsdp and layout.dp > 1 else None
         pipeline = Pipeline(model, modules, stages, layout, mesh["pp"].get_group(), device, microbatches, replicas)
     return ParallelModel(model=model, module=modules[0] if pipeline is None else model, layout=layout, mesh=mesh,
-                         loss_parallel=layout.tp > 1, autocast=autocast, pipeline=pipeline, **counts)
+                         loss_parallel=layout.tp > 1, autocast=autocast, precision=precision, pipeline=pipeline, **counts)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return {torch.bfloat16: "bf16", torch.float32: "fp32"}.get(dtype, str(dtype).removeprefix("torch."))

@@ -68,7 +68,7 @@ def test_twin_trains_through_submit_on_four_nodes_is_preempted_requeued_and_resu
     log = "\n".join(slurm.logs(job_id))
     assert (final.state, final.exit_code, final.extra["restarts"], final.extra["nodes"]) == \
         ("COMPLETED", 0, 1, ["node1", "node2", "node3", "node4"]), (final, log[-3000:])
-    assert "8 rank(s) (fsdp 2 x tp 2 +sp x pp 2 1f1b, fp32 params / fp32 reduce), grad accumulation 4" in log
+    assert "8 rank(s) (fsdp 2 x tp 2 +sp x pp 2 1f1b, params fp32 / compute fp32 / reduce fp32), grad accumulation 4" in log
     assert f"requeueing job {job_id} for segment 2 of at most 4 (restart 1;" in log
     stopped_at = int(log.split("stopped by SIGUSR2 after step ")[1].split(";")[0])
     assert stopped_at >= 5  # a stop checkpoint newer than the periodic one: the resume must take it

@@ -10,8 +10,9 @@ in bf16 compute over fp32 master weights, on random tokens (the data loader is n
 trainer  ``clustertrain.train.parallel.build_parallel_model`` with the layout a one-GPU ``clustertrain run``
          resolves (``parallelism: {compile: true}``, param_dtype bf16 on GPU; one rank runs no process group,
          so neither DDP nor FSDP wraps the model: bf16 autocast, each block compiled), the trainer's
-         optimizer (``build_optimizer``: AdamW, foreach, decay on matrices only) and the body of
-         ``Trainer._train_step``: ``forward_backward``, the grad-norm clip, ``set_lr(lr_at(step))``,
+         optimizer (``build_optimizer``: AdamW, fused, decay on matrices only) and the body of
+         ``Trainer._train_step``: ``forward_backward``, the grad-norm clip, the device-side non-finite check
+         (``NonFiniteSkip.record``), ``set_lr(lr_at(step))``,
          ``step``, ``zero_grad``.
 bare     the same ``GPT`` module (``clustertrain.train.model``), ``torch.compile`` of the whole model, bf16
          autocast, ``torch.optim.AdamW(fused=True)``, ``clip_grad_norm_(foreach=True)``: what one would write
@@ -144,15 +145,17 @@ def trainer_parts(arch, args, device):
 def run_trainer(arch, args, device, ckpt_dir: Path | None = None) -> dict:
     import torch
 
-    from clustertrain.train.optim import lr_at, set_lr
+    from clustertrain.train.optim import NonFiniteSkip, lr_at, set_lr
 
     free(device)
     layout, cfg, pm, opt = trainer_parts(arch, args, device)
+    nonfinite = NonFiniteSkip(device)
 
     def step(i, batch):  # Trainer._train_step with accumulation 1
         loss_sum = torch.zeros((), device=device)
         loss_sum += pm.forward_backward(batch[:, :-1], batch[:, 1:], 1.0, sync=True)
-        pm.clip_grad_norm_(cfg.grad_clip)
+        grad_norm = pm.clip_grad_norm_(cfg.grad_clip)
+        nonfinite.record(i + 1, grad_norm, opt)  # the trainer's device-side non-finite check (no host sync)
         set_lr(opt, lr_at(i, cfg))
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -31,6 +31,8 @@ first model and the count.
 
 from __future__ import annotations
 
+import re
+
 import gzip
 import json
 import os
@@ -61,18 +63,26 @@ def data_findings(project: "Project") -> list[Finding]:
     return _merge(found)
 
 
+_URL_RE = re.compile(r"s3://\S+?(?=[`;,)\s]|$)")
+
+
 def _merge(found: list[tuple[str, Finding]]) -> list[Finding]:
-    """One finding per distinct (level, message with the model name taken out)."""
+    """One finding per distinct (level, message with the model name and its s3:// URLs taken out): models with the
+    same problem are one line naming the first model and how many more; where their URLs differ (each model's own
+    unverified dataset), the others' URLs are listed after the first's message."""
     groups: dict[tuple, list[tuple[str, Finding]]] = {}
     for model, f in found:
-        key = (f.level, f.path.replace(f"models.{model}.", "models.*."), f.message, f.fix.replace(model, "*"))
+        key = (f.level, f.path.replace(f"models.{model}.", "models.*."), _URL_RE.sub("*", f.message),
+               _URL_RE.sub("*", f.fix.replace(model, "*")))
         groups.setdefault(key, []).append((model, f))
     out = []
     for items in groups.values():
         model, first = items[0]
         if len(items) > 1:
+            urls = [u for _, f in items[1:] for u in _URL_RE.findall(f.message) if u not in first.message]
+            message = first.message + (f" (the same for {', '.join(dict.fromkeys(urls))})" if urls else "")
             first = Finding(first.level, f"{first.path} (and {len(items) - 1} more model{'s' if len(items) > 2 else ''})",
-                            first.message, first.fix, first.source)
+                            message, first.fix, first.source)
         out.append(first)
     return out
 

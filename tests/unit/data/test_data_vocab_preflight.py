@@ -165,3 +165,17 @@ def test_flagship_data_setup_checks_fast_and_without_errors(tmp_path):
     assert errors(found) == [] and len(found) == 2  # one per distinct fact, not seven
     assert all("(and 6 more models)" in f.path for f in found)
     json.dumps([f.__dict__ for f in found])  # plain data for the check's --format json
+
+
+def test_models_each_with_their_own_unverified_dataset_are_one_warning_naming_every_url(tmp_path):
+    """The flagship's data-mixture models: one dataset each, none verifiable offline — one line, every URL in it."""
+    p = make(tmp_path, aws=True, vocab=32000, models=3,
+             data={"source": "s3://my-data/datasets/web-32k/", "tokenizer": "/fsx/data/tokenizers/bpe-32k/tokenizer.json"})
+    raw = p.model_dump(mode="json", exclude_none=True)
+    for i, m in enumerate(raw["models"], 1):
+        m["data"]["source"] = f"s3://my-data/datasets/mix-{i}/"
+    found = [f for f in data_findings(validate_project(raw, source="test")) if f.path.startswith("models.m1.data.source")]
+    assert len(found) == 1 and found[0].path == "models.m1.data.source (and 2 more models)", found
+    assert found[0].message.startswith("s3://my-data/datasets/mix-1/ was not verified")
+    assert found[0].message.endswith("(the same for s3://my-data/datasets/mix-2/, s3://my-data/datasets/mix-3/)")
+    assert "--publish s3://my-data/datasets/mix-1/" in found[0].fix

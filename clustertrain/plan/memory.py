@@ -24,6 +24,8 @@ Transient buffers — stated allowances (:func:`buffer_bytes`), not counted tens
   DDP: gradient buckets 4 B/param when d > 1 (``gradient_as_bucket_view`` is off: the buckets are a
        second gradient-sized buffer) + the bf16 copy of the weights autocast caches during the
        forward pass, 2 B/param with ``param_dtype: bf16``.
+  (A one-process run of ``zero_stage: 3`` has no process group, so FSDP2 is not applied and it is counted as
+  DDP: autocast's bf16 copy, no buckets.)
   FSDP2: the gathered (unsharded, tp-local) parameters in the compute dtype of two blocks (the
        current one and the prefetched one; the trainer keeps the last block gathered into backward)
        plus the root group (embeddings, final norm, head: the root never reshards after forward);
@@ -217,7 +219,7 @@ def trainer_state_bytes(shape: ModelShape, layout: ParallelLayout, rank: int = 0
 def buffer_bytes(shape: ModelShape, layout: ParallelLayout, rank: int = 0) -> int:
     """Transient bytes beyond the model states and activations on ``rank`` (allowances in the module docstring)."""
     parts = rank_parts(shape, layout, rank)
-    if not layout.fsdp:
+    if not layout.fsdp or layout.world == 1:  # one process: no mesh, so no FSDP2 (clustertrain.train.parallel): as DDP
         params = _held_numel(shape, parts, layout, rank)
         buckets = GRAD_BYTES * params if layout.dp > 1 else 0
         autocast = DTYPE_BYTES["bf16"] * params if layout.param_dtype == "bf16" else 0

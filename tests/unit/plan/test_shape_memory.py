@@ -137,6 +137,9 @@ def test_buffers_are_the_stated_allowances():
     assert buffer_bytes(shape, fsdp(4, param_dtype="bf16")) == 2 * (root + 2 * block) + 4 * block
     assert buffer_bytes(shape, fsdp(4, param_dtype="bf16", reshard_after_forward=False)) == 2 * (root + 4 * block) + 4 * block
     assert buffer_bytes(shape, fsdp(4, param_dtype="fp32", reduce_dtype="bf16")) == 4 * (root + 2 * block) + 2 * block
+    # one process: no mesh, so no FSDP2 (clustertrain.train.parallel) — zero_stage 3 runs as DDP 1 under autocast
+    assert buffer_bytes(shape, fsdp(1, param_dtype="bf16")) == 2 * params
+    assert buffer_bytes(shape, fsdp(1, param_dtype="bf16")) == buffer_bytes(shape, ParallelLayout(world=1, dp=1, param_dtype="bf16"))
 
 
 FLAGSHIP_6B = ModelShape(layers=32, hidden=4096, heads=32, seq_len=4096, vocab=32000, ffn_dim=16384)

@@ -178,11 +178,15 @@ class SlurmLauncher:
 
     def request_for(self, project: Project, spec: "RunSpec", job_name: str | None = None,
                     nodes: int | None = None, exclude: tuple[str, ...] = ()) -> SbatchRequest:
-        request = build_request(project, spec.entry, spec.paths.root, launch=self.launch, job_name=job_name,
-                                nodes=nodes, data=spec.data, submit_command=self.submit_command, exclude=exclude)
+        return self.for_this_slurm(build_request(project, spec.entry, spec.paths.root, launch=self.launch,
+                                                 job_name=job_name, nodes=nodes, data=spec.data,
+                                                 submit_command=self.submit_command, exclude=exclude))
+
+    def for_this_slurm(self, request: SbatchRequest) -> SbatchRequest:
+        """``request`` as this launcher's Slurm runs it: clustertrain's local Slurm has no Pyxis, so there the ranks
+        run in the stand-in view of the same container (:func:`~clustertrain.launch.sbatch.with_container_view`)."""
         if request.container_image and local_cluster_of(self.env) is not None:
-            # clustertrain's local Slurm has no Pyxis: the ranks run in the stand-in view of the same container
-            request = with_container_view(request)
+            return with_container_view(request)
         return request
 
     def submit_request(self, paths: RunPaths, request: SbatchRequest, text: str | None = None,
@@ -323,8 +327,8 @@ def submit_project(project: Project, model: str | None, run_dir: Path | None, re
         out = []
         for entry in entries:
             root = run_dir_for(project, entry, run_dir, several)
-            request = build_request(project, entry, root, launch=launcher.launch, nodes=nodes[entry.name],
-                                    submit_command=launcher.submit_command)
+            request = launcher.for_this_slurm(build_request(project, entry, root, launch=launcher.launch,
+                                                            nodes=nodes[entry.name], submit_command=launcher.submit_command))
             out.append(Submitted(entry.name, root, None, render_script(request)))
         return out
     from clustertrain.launch.prepare import prepare_run

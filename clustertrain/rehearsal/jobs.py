@@ -75,8 +75,8 @@ def rehearsal_job(project: "Project", entry: "ModelEntry", nodes: int, rdir: Pat
         placeholders.append(tokenizer)
     if real.container_image and real.container_image.startswith("/"):
         placeholders.append(real.container_image)
-    # device nodes (/dev/infiniband: EFA) cannot exist on an emulated node; every other mount source must
-    mounts = [m.split(":", 1)[0] for m in real.container_mounts if not m.startswith("/dev/")]
+    # every mount source must exist on every node (Pyxis cannot bind a missing one)
+    mounts = [m.split(":", 1)[0] for m in real.container_mounts]
     read = list(dict.fromkeys([*placeholders, str(layout.datasets), *mounts]))
     shared = layout.mounts
     off = [f"{d} ({kind})" for kind, d in dirs.items() if mount_of(d, shared) is None]

@@ -320,3 +320,30 @@ def test_stopped_job_is_requeued_unless_training_completed(tmp_path, completed):
     assert requeued == (not completed), proc.stdout
     assert ("nothing to resume" in proc.stdout) == completed
     assert not list(tmp_path.rglob("INJECTED"))
+
+
+def test_dry_run_for_the_local_slurm_shows_the_ranks_in_the_container_view(tmp_path, monkeypatch):
+    """SLURM_CONF naming a clustertrain local cluster (slurm.conf beside cluster.json; no Slurm started): the dry run
+    prints the script that cluster would get — no Pyxis option on srun, the ranks behind the stand-in view."""
+    from clustertrain.launch.slurm import SlurmLauncher, submit_project
+    from clustertrain.launch.slurm_cluster_paths import LocalSlurmPaths
+
+    state = LocalSlurmPaths(tmp_path / "local-slurm")
+    state.root.mkdir()
+    state.conf.write_text("# stand-in: only its place is read here\n")
+    state.write_record({"nodes": 2})
+    image = tmp_path / "fsx" / "images" / "x.sqsh"
+    image.parent.mkdir(parents=True)
+    image.write_text("stand-in image\n")
+    p = validate_project({
+        "name": "proj", "cluster": {"backend": "slurm", "nodes": 2, "gpus_per_node": 0, "procs_per_node": 1,
+                                    "container_image": str(image)},
+        "storage": {"root": str(tmp_path / "fsx")},
+        "models": [{"name": "m1", "model": {"layers": 2, "hidden": 64, "heads": 4, "seq_len": 64},
+                    "training": {"max_steps": 10, "micro_batch": 8, "global_batch": 16}}]})
+    [plain] = submit_project(p, None, None, False, SlurmLauncher(env={"SLURM_CONF": "/nonexistent/slurm.conf"}), dry_run=True)
+    [local] = submit_project(p, None, None, False, SlurmLauncher(env={"SLURM_CONF": str(state.conf)}), dry_run=True)
+    pyxis = next(ln for ln in plain.script.splitlines() if ln.startswith("srun "))
+    view = next(ln for ln in local.script.splitlines() if ln.startswith("srun "))
+    assert "container_view" not in pyxis and f"srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=1 --container-image={image}" in pyxis
+    assert view.index("-m clustertrain.launch.container_view") < view.index(f"--container-image={image}") < view.index(" -- ")

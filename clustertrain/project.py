@@ -123,7 +123,7 @@ class ClusterConfig(StrictModel):
         "e.g. `\"48:00:00\"` (unquoted, YAML reads 48:00:00 as a base-60 number).",
     )
     threads_per_worker: int | None = Field(
-        None, ge=1, description="torch intra-op threads per CPU worker. Default: the machine's cores divided by the workers."
+        None, ge=1, description="torch intra-op threads (and OMP_NUM_THREADS) per rank, CPU workers and GPU ranks alike. Default: the CPUs the rank may use (Slurm's SLURM_CPUS_ON_NODE, else its affinity) divided by the ranks per node."
     )
     master_port: int | None = Field(
         None, ge=1024, le=65535, description="Rendezvous port for local runs. Default: a free port."

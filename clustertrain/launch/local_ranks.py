@@ -5,7 +5,9 @@ collectives benchmark (:func:`clustertrain.validate.collectives.launch_local`) s
 Each rank gets this process's environment without its ``SLURM_*`` and torchrun variables, plus the
 torchrun-style rank variables of :meth:`clustertrain.core.ranks.RankInfo.environ` (MASTER_ADDR=127.0.0.1,
 MASTER_PORT a free port unless given) and ``PYTHONUNBUFFERED=1``. Its stdout and stderr are appended
-to its log file after a header line. Each rank leads its own process group (so a signal reaches
+to its log file after a header line. ``OMP_NUM_THREADS`` is this process's CPUs (its affinity, ``os.sched_getaffinity``)
+divided by the ranks, unless ``extra_env`` gives it: the rule of :mod:`clustertrain.train.threads`, so a shell's
+stray value does not size every rank's thread pools (the batch script does the same on a Slurm node). Each rank leads its own process group (so a signal reaches
 everything it started) and gets SIGTERM when the launcher dies.
 """
 
@@ -38,6 +40,11 @@ def local_rank_info(rank: int, world: int, port: int) -> RankInfo:
                     master_addr=LOCAL_ADDR, master_port=port, source="torchrun")
 
 
+def threads_per_local_rank(world: int) -> int:
+    """CPU threads per rank when ``world`` ranks share this process's CPUs (at least 1)."""
+    return max(1, len(os.sched_getaffinity(0)) // max(1, world))
+
+
 def start_local_ranks(argv: Sequence[str], world: int, log_for: Callable[[int], Path], *, port: int | None = None,
                       skip: Iterable[int] = (), extra_env: Mapping[str, str] | None = None) -> dict[int, subprocess.Popen]:
     """Start ``argv`` once per rank ``0 .. world-1`` (except those in ``skip``), with rank ``r``'s output
@@ -46,6 +53,7 @@ def start_local_ranks(argv: Sequence[str], world: int, log_for: Callable[[int], 
     skipped = set(skip)
     drop = set(TORCHRUN_VARIABLES) | {"MASTER_ADDR", "MASTER_PORT"}
     base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k not in drop}
+    base["OMP_NUM_THREADS"] = str(threads_per_local_rank(world))
     procs: dict[int, subprocess.Popen] = {}
     try:
         for rank in range(world):

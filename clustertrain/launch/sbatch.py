@@ -22,6 +22,16 @@ own value (its CUDA, NCCL and EFA libraries) stays. The image's root is read-onl
 HOME and the caches programs keep under it go to a node-local mounted root (:func:`cache_environment`). A Slurm
 without Pyxis (clustertrain's local one) runs the same options through the stand-in view
 (:func:`with_container_view`, :mod:`clustertrain.launch.container_view`); docs/slurm.md says what each gives.
+
+CPUs of the ranks. The script exports ``OMP_NUM_THREADS`` (``cluster.threads_per_worker``, else
+``cluster.cpus_per_task``, else ``SLURM_CPUS_ON_NODE`` / ranks per node, computed on the node; ``launch.env`` wins),
+since srun starts no torchrun that would set it. GPU jobs run their step with ``--cpu-bind=none`` (unless
+``launch.srun_args`` names a ``--cpu-bind``): aws-ofi-nccl's wiki ("CPU Binding") asks for every rank's mask to hold
+all the node's CPUs, and ParallelCluster's ``TaskPlugin=task/affinity,task/cgroup`` (cookbook ``slurm.conf.erb``)
+would otherwise bind tasks whenever ``--cpus-per-task`` x tasks fills the node, CPU by CPU across the sockets (the
+default ``block:cyclic`` distribution); each rank then binds itself to its GPU's NUMA node
+(:mod:`clustertrain.train.threads`). ``--cpus-per-task`` is not derived from the catalog's ``vcpus``: a queue with
+``DisableSimultaneousMultithreading`` offers half of them, and the job would not be scheduled.
 """
 
 from __future__ import annotations
@@ -37,7 +47,7 @@ import jinja2
 from clustertrain import __version__
 from clustertrain.core.errors import LaunchError
 from clustertrain.launch.config import ENV_NAME_RE, LaunchConfig, launch_config_of
-from clustertrain.launch.presets import RankEnvironment, rank_environment
+from clustertrain.launch.presets import RankEnvironment, node_env_lines, rank_environment
 from clustertrain.core.storage_layout import storage_layout
 from clustertrain.project import ModelEntry, Project
 from clustertrain.core.ranks import RANK_VARIABLES, batch_lines
@@ -68,6 +78,8 @@ class SbatchRequest:
     gpus_per_node: int = 0
     gpu_directive: str = "gpus-per-node"
     cpus_per_task: int | None = None
+    #: cluster.threads_per_worker: the ranks' OMP_NUM_THREADS (None: the node's CPUs / ranks per node, computed on the node)
+    threads_per_rank: int | None = None
     partition: str | None = None
     time_limit: str | None = None
     exclusive: bool = True
@@ -198,6 +210,7 @@ def build_request(project: Project, entry: ModelEntry, run_dir: Path, *, launch:
         run_dir=run_dir, log_dir=log_dir, nodes=nodes, ntasks_per_node=cluster.ranks_per_node,
         python=python or interpreter(project, launch), env=env,
         gpus_per_node=cluster.gpus_per_node, gpu_directive=launch.gpu_directive, cpus_per_task=cluster.cpus_per_task,
+        threads_per_rank=cluster.threads_per_worker,
         partition=cluster.partition, time_limit=cluster.time_limit, exclusive=launch.exclusive,
         signal=launch.signal, signal_grace_s=launch.signal_grace_s, max_restarts=launch.max_restarts,
         max_segments=launch.max_segments,
@@ -260,7 +273,7 @@ def check_request(request: SbatchRequest) -> None:
     """Reject what cannot be rendered safely: newlines/CR/NUL anywhere, '/' in the job name."""
     for f in fields(request):
         check_renderable(f.name, getattr(request, f.name))
-    for name in [*request.env.set, *request.env.prepend, *request.container_env]:
+    for name in [*request.env.set, *request.env.prepend, *request.env.on_node, *request.container_env]:
         if not ENV_NAME_RE.match(name):
             raise LaunchError(f"environment variable name {name!r} is not valid (letters, digits, '_')")
     for node in request.exclude:
@@ -276,7 +289,8 @@ def _strings(value: object) -> list[str]:
     if isinstance(value, (str, Path)):
         return [str(value)]
     if isinstance(value, RankEnvironment):
-        return [*value.set, *value.set.values(), *value.prepend, *(d for ds in value.prepend.values() for d in ds)]
+        return [*value.set, *value.set.values(), *value.prepend, *(d for ds in value.prepend.values() for d in ds),
+                *value.on_node]
     if isinstance(value, (tuple, list)):
         return [s for v in value for s in _strings(v)]
     return []
@@ -286,6 +300,7 @@ def _environment() -> jinja2.Environment:
     """The one Jinja environment (:func:`clustertrain.core.templating.environment`) plus the ``sq`` filter."""
     env = environment(TEMPLATES)
     env.filters["sq"] = lambda v: sbatch_quote(str(v))
+    env.filters["node_env"] = node_env_lines  # the lines that compute RankEnvironment.on_node on the node
     return env
 
 
@@ -365,8 +380,9 @@ def cache_environment(root: str, user: str) -> dict[str, str]:
 
 
 def container_env_names(env: RankEnvironment) -> tuple[str, ...]:
-    """``--container-env``: the rank variables and every variable of ``env`` keep the host's value in the image."""
-    return tuple(dict.fromkeys([*RANK_VARIABLES, *env.set, "PYTHONUNBUFFERED"]))
+    """``--container-env``: the rank variables and every variable of ``env`` (those computed on the node too, and the
+    batch script's ``OMP_NUM_THREADS``) keep the host's value in the image."""
+    return tuple(dict.fromkeys([*RANK_VARIABLES, *env.set, *env.on_node, "OMP_NUM_THREADS", "PYTHONUNBUFFERED"]))
 
 
 def container_step(project: Project, env: RankEnvironment, workdir: Path,
@@ -432,6 +448,8 @@ def srun_command(request: SbatchRequest) -> list[str]:
     argv = ["srun", "--kill-on-bad-exit=1", f"--nodes={request.nodes}", f"--ntasks-per-node={request.ntasks_per_node}"]
     if request.cpus_per_task:
         argv.append(f"--cpus-per-task={request.cpus_per_task}")  # 22.05+: srun no longer inherits it from sbatch
+    if request.gpus_per_node and not any(a.startswith(("--cpu-bind", "--cpu_bind")) for a in request.srun_args):
+        argv.append("--cpu-bind=none")  # each GPU rank binds itself to its GPU's NUMA node (clustertrain.train.threads)
     argv += _container_args(request)
     argv += list(request.srun_args)
     if request.rank_command:

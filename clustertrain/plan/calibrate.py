@@ -57,7 +57,7 @@ def default_threads(project) -> int:
     c = project.cluster
     if c.threads_per_worker:
         return c.threads_per_worker
-    return max(1, (os.cpu_count() or 1) // c.ranks_per_node)
+    return max(1, len(os.sched_getaffinity(0)) // c.ranks_per_node)  # the CPUs this process may use (train/threads.py)
 
 
 def calibrate(project, model: str | None = None, threads: int | None = None, side_by_side: bool = True) -> Calibration:

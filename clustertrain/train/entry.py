@@ -98,8 +98,12 @@ def _train(project, entry, paths: RunPaths, env, stop, beacon) -> int:
     else:
         device = torch.device("cpu")
         backend = "gloo"
-        local_ranks = cluster.ranks_per_node
-        torch.set_num_threads(cluster.threads_per_worker or max(1, (os.cpu_count() or 1) // local_ranks))
+    from clustertrain.train.threads import setup_rank_cpus  # threads per rank; a GPU rank binds to its GPU's NUMA node
+
+    cpus = setup_rank_cpus(cluster.ranks_per_node, explicit=cluster.threads_per_worker,
+                           gpu_index=device.index if device.type == "cuda" else None)
+    if env.rank == 0:
+        _log(f"rank 0: {cpus.describe()}")
     if env.world_size > 1:
         init_process_group(env, backend)
     # On an exception the group is left as it is (a barrier would wait for peers that are stuck in

@@ -18,9 +18,11 @@ thresholds entry (:func:`~clustertrain.validate.thresholds.bandwidth_rows`); the
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import re
 
-from clustertrain.launch.presets import RankEnvironment, rank_environment
+from clustertrain.launch.presets import rank_environment
 from clustertrain.project import Project
 from clustertrain.validate.check_rows import CheckRow
 from clustertrain.validate.collectives_config import CollectivesConfig
@@ -73,7 +75,7 @@ def plan(ctx: SuiteContext) -> list[SuiteJob]:
     extra = dict(NCCL_DEBUG_ENV) if spec.backend == "nccl" else {}  # relative: the script runs in the results dir
     if not cl.gpus_per_node:
         extra["OMP_NUM_THREADS"] = env.set.get("OMP_NUM_THREADS", "1")
-    env = RankEnvironment({**env.set, **extra}, env.prepend, env.family, env.scale, env.efa)
+    env = replace(env, set={**env.set, **extra})  # keeps the node-side rules (GLOO_SOCKET_IFNAME)
     box, env = in_image(ctx, env, res)
     return [new_job(ctx, NAME, NAME, nodes=n, ntasks_per_node=cl.ranks_per_node, env=env,
                     steps=[srun_step(ctx, n, cl.ranks_per_node, res, "collectives-%t.json",

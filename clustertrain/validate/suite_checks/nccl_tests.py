@@ -21,7 +21,9 @@ without a container image (the binaries are the image's).
 
 from __future__ import annotations
 
-from clustertrain.launch.presets import RankEnvironment
+from dataclasses import replace
+
+
 from clustertrain.validate.check_rows import CheckRow
 from clustertrain.validate.nccltests import parse_nccl_tests
 from clustertrain.validate.results import CollectiveRun
@@ -52,7 +54,7 @@ def plan(ctx: SuiteContext) -> list[SuiteJob]:
     n, res, per_node = ctx.cfg.nodes, ctx.paths.results(NAME), ctx.project.cluster.ranks_per_node
     spec, _ = job_config(ctx)
     base = job_env(ctx, n)
-    env = RankEnvironment({**base.set, **NCCL_DEBUG_ENV}, base.prepend, base.family, base.scale, base.efa)
+    env = replace(base, set={**base.set, **NCCL_DEBUG_ENV})  # keeps the node-side rules (GLOO_SOCKET_IFNAME)
     box, env = in_image(ctx, env, res)
     return [new_job(ctx, NAME, NAME, nodes=n, ntasks_per_node=per_node, env=env,
                     steps=[srun_step(ctx, n, per_node, res, f"{op}.txt", ("--kill-on-bad-exit=1", "--mpi=pmix", *box.srun))

@@ -74,6 +74,12 @@ export XDG_CACHE_HOME=/fsx/proj/m1/cache/root/cache
 export TRITON_CACHE_DIR=/fsx/proj/m1/cache/root/triton
 export TORCHINDUCTOR_CACHE_DIR=/fsx/proj/m1/cache/root/inductor
 export CUDA_CACHE_PATH=/fsx/proj/m1/cache/root/nv-compute-cache
+# Computed on this node (clustertrain/launch/presets.py NODE_RULES): gloo takes interface names, not NCCL's ^exclusions.
+GLOO_SOCKET_IFNAME=$(awk 'NR > 1 && $2 == "00000000" {print $7, $1}' /proc/net/route 2>/dev/null | sort -n | awk 'NR == 1 {print $2}')
+if [ -n "$GLOO_SOCKET_IFNAME" ]; then export GLOO_SOCKET_IFNAME; else unset GLOO_SOCKET_IFNAME; fi
+# CPU threads per rank (clustertrain/train/threads.py): srun starts no torchrun to set OMP_NUM_THREADS, so each rank
+# would size its thread pools for the whole node; cluster.cpus_per_task.
+export OMP_NUM_THREADS=12
 export PYTHONUNBUFFERED=1
 
 # Rank wiring (clustertrain/core/ranks.py, the rules the ranks apply too): the ranks take rank/world from srun's
@@ -109,7 +115,7 @@ trap on_term TERM
 
 # The ranks' heartbeats of an earlier start are not this one's (clustertrain/core/heartbeat_files.py).
 rm -rf "$RUN_DIR/heartbeat"
-srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=8 --cpus-per-task=12 --container-image=/fsx/images/train.sqsh --container-name=clustertrain --container-mounts=/fsx:/fsx --container-env=MASTER_ADDR,MASTER_PORT,SLURM_PROCID,SLURM_LOCALID,SLURM_NTASKS,SLURM_JOB_ID,SLURM_NODEID,SLURM_TASKS_PER_NODE,SLURM_STEP_NODELIST,SLURM_JOB_NODELIST,NCCL_SOCKET_IFNAME,NCCL_DEBUG,MY_FLAG,HOME,XDG_CACHE_HOME,TRITON_CACHE_DIR,TORCHINDUCTOR_CACHE_DIR,CUDA_CACHE_PATH,PYTHONUNBUFFERED --container-workdir=/fsx/proj/m1 --no-container-mount-home --cpu-bind=none python -m clustertrain train --run-dir /fsx/proj/m1 --model m1 &
+srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=8 --cpus-per-task=12 --container-image=/fsx/images/train.sqsh --container-name=clustertrain --container-mounts=/fsx:/fsx --container-env=MASTER_ADDR,MASTER_PORT,SLURM_PROCID,SLURM_LOCALID,SLURM_NTASKS,SLURM_JOB_ID,SLURM_NODEID,SLURM_TASKS_PER_NODE,SLURM_STEP_NODELIST,SLURM_JOB_NODELIST,NCCL_SOCKET_IFNAME,NCCL_DEBUG,MY_FLAG,HOME,XDG_CACHE_HOME,TRITON_CACHE_DIR,TORCHINDUCTOR_CACHE_DIR,CUDA_CACHE_PATH,GLOO_SOCKET_IFNAME,OMP_NUM_THREADS,PYTHONUNBUFFERED --container-workdir=/fsx/proj/m1 --no-container-mount-home --cpu-bind=none python -m clustertrain train --run-dir /fsx/proj/m1 --model m1 &
 srun_pid=$!
 if [ -n "$stop_signal" ]; then kill -s USR2 "$srun_pid" 2>/dev/null || true; fi
 
@@ -121,7 +127,7 @@ watchdog_pid=
 start_watchdog() {
     local nodes
     nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd, -)
-    srun --overlap --nodes=1 --ntasks=1 --ntasks-per-node=1 --cpus-per-task=1 --container-image=/fsx/images/train.sqsh --container-name=clustertrain --container-mounts=/fsx:/fsx --container-env=MASTER_ADDR,MASTER_PORT,SLURM_PROCID,SLURM_LOCALID,SLURM_NTASKS,SLURM_JOB_ID,SLURM_NODEID,SLURM_TASKS_PER_NODE,SLURM_STEP_NODELIST,SLURM_JOB_NODELIST,NCCL_SOCKET_IFNAME,NCCL_DEBUG,MY_FLAG,HOME,XDG_CACHE_HOME,TRITON_CACHE_DIR,TORCHINDUCTOR_CACHE_DIR,CUDA_CACHE_PATH,PYTHONUNBUFFERED --container-workdir=/fsx/proj/m1 --no-container-mount-home --nodelist="$SLURMD_NODENAME" \
+    srun --overlap --nodes=1 --ntasks=1 --ntasks-per-node=1 --cpus-per-task=1 --container-image=/fsx/images/train.sqsh --container-name=clustertrain --container-mounts=/fsx:/fsx --container-env=MASTER_ADDR,MASTER_PORT,SLURM_PROCID,SLURM_LOCALID,SLURM_NTASKS,SLURM_JOB_ID,SLURM_NODEID,SLURM_TASKS_PER_NODE,SLURM_STEP_NODELIST,SLURM_JOB_NODELIST,NCCL_SOCKET_IFNAME,NCCL_DEBUG,MY_FLAG,HOME,XDG_CACHE_HOME,TRITON_CACHE_DIR,TORCHINDUCTOR_CACHE_DIR,CUDA_CACHE_PATH,GLOO_SOCKET_IFNAME,OMP_NUM_THREADS,PYTHONUNBUFFERED --container-workdir=/fsx/proj/m1 --no-container-mount-home --nodelist="$SLURMD_NODENAME" \
         python -m clustertrain watchdog --run-dir /fsx/proj/m1 --model m1 --suspects /fsx/proj/suspects.jsonl --job "$SLURM_JOB_ID" --nodes "$nodes" \
         --output "$OUTPUT" --offset "$OUTPUT_START" &
     watchdog_pid=$!

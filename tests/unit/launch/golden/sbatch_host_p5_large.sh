@@ -63,6 +63,13 @@ record_end() {
 # Rank environment: NCCL/EFA preset p5 (large), then the project's launch.env.
 export NCCL_SOCKET_IFNAME='^docker,lo,veth'
 export NCCL_DEBUG=WARN
+# Computed on this node (clustertrain/launch/presets.py NODE_RULES): gloo takes interface names, not NCCL's ^exclusions.
+GLOO_SOCKET_IFNAME=$(awk 'NR > 1 && $2 == "00000000" {print $7, $1}' /proc/net/route 2>/dev/null | sort -n | awk 'NR == 1 {print $2}')
+if [ -n "$GLOO_SOCKET_IFNAME" ]; then export GLOO_SOCKET_IFNAME; else unset GLOO_SOCKET_IFNAME; fi
+# CPU threads per rank (clustertrain/train/threads.py): srun starts no torchrun to set OMP_NUM_THREADS, so each rank
+# would size its thread pools for the whole node; this node's CPUs for the job / ranks per node.
+OMP_NUM_THREADS=$(( ${SLURM_CPUS_ON_NODE:-1} / 8 ))
+export OMP_NUM_THREADS=$(( OMP_NUM_THREADS > 0 ? OMP_NUM_THREADS : 1 ))
 export PYTHONUNBUFFERED=1
 
 # Rank wiring (clustertrain/core/ranks.py, the rules the ranks apply too): the ranks take rank/world from srun's
@@ -98,7 +105,7 @@ trap on_term TERM
 
 # The ranks' heartbeats of an earlier start are not this one's (clustertrain/core/heartbeat_files.py).
 rm -rf "$RUN_DIR/heartbeat"
-srun --kill-on-bad-exit=1 --nodes=16 --ntasks-per-node=8 /opt/venv/bin/python -m clustertrain train --run-dir /fsx/proj/m1 --model m1 &
+srun --kill-on-bad-exit=1 --nodes=16 --ntasks-per-node=8 --cpu-bind=none /opt/venv/bin/python -m clustertrain train --run-dir /fsx/proj/m1 --model m1 &
 srun_pid=$!
 if [ -n "$stop_signal" ]; then kill -s USR2 "$srun_pid" 2>/dev/null || true; fi
 

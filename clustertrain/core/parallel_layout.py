@@ -18,6 +18,21 @@ embeddings, the last the final norm and output layer; when the layers divide eve
 by the cost model of :func:`stage_costs` (the output layer counted in blocks' worth of compute), the split the
 planner plans with.
 
+Gradient exchange (``grad_sync``): with FSDP2 (``zero_stage: 3``) and no pipeline, ``per_microbatch`` reduce-scatters
+every block's gradients after each micro-batch's backward (FSDP2's own default: gradients are sharded at once, the
+least memory), ``per_step`` only after the step's last one (the others run with FSDP2's
+``set_requires_gradient_sync(False)`` and ``set_reshard_after_backward(False)``, as torch's own
+``torch/distributed/pipelining/stage.py`` does in ``backward_maybe_with_nosync``): one reduce-scatter per block per
+step instead of one per micro-batch, at the cost of every block's gathered parameters and unsharded gradient (in
+``reduce_dtype``: FSDP2's ``FSDPParam.to_accumulated_grad_if_needed``) held from the first backward to the step's
+end. DDP (``no_sync`` until the last micro-batch) and pipeline stages (``PipelineStage`` holds the reduce-scatter
+until its ``perform_reduce_grad``) already exchange once per step: their layouts always say ``per_step``.
+Under pipeline parallelism ``reshard_after_forward`` is always false: the stage keeps its blocks gathered from its
+first backward to the step's end anyway, so resharding after each forward saves no peak memory and costs an
+all-gather per micro-batch (torchtitan's default, ``torchtitan/distributed/fsdp.py``
+``get_fsdp_reshard_after_forward_policy``: "For PP, by default do not reshard after forward to avoid per-microbatch
+all-gathers").
+
 Data: the ranks of one tensor-parallel group read the same micro-batch; the data-parallel rank
 picks it. Step ``n`` consumes samples ``[n * global_batch, (n + 1) * global_batch)`` whatever the
 layout, so a run resumed with another layout continues at exactly the same sample.
@@ -53,6 +68,15 @@ class ParallelLayout:
     compile: bool = False
     param_dtype: str = "fp32"
     reduce_dtype: str = "fp32"
+    grad_sync: str = "per_microbatch"    # per_microbatch | per_step; always per_step without FSDP2 or with pp > 1
+
+    def __post_init__(self) -> None:
+        # what the trainer does whatever was asked (module docstring): DDP and pipeline stages exchange once per step,
+        # and a pipelined FSDP2 block is never resharded after its forward
+        if not self.fsdp or self.pp > 1:
+            object.__setattr__(self, "grad_sync", "per_step")
+        if self.pp > 1:
+            object.__setattr__(self, "reshard_after_forward", False)
 
     @property
     def fsdp(self) -> bool:
@@ -91,6 +115,8 @@ class ParallelLayout:
             extras.append(f"recompute {self.recompute}")
         if self.compile:
             extras.append("compiled")
+        if self.fsdp and self.pp == 1 and self.grad_sync == "per_step":
+            extras.append("grads reduced once per step")
         if dtypes:
             extras.append(f"{self.param_dtype} params" + (f" / {self.reduce_dtype} reduce" if self.fsdp else ""))
         return "".join([text, *(", " + extra for extra in extras)])
@@ -100,7 +126,20 @@ class ParallelLayout:
 
 
 #: the defaults of the ParallelLayout fields a checkpoint written before them lacks (``meta.json``'s ``layout``)
-LAYOUT_DEFAULTS = {"virtual_stages": 1, "schedule": "1f1b"}
+LAYOUT_DEFAULTS = {"virtual_stages": 1, "schedule": "1f1b", "grad_sync": "per_microbatch"}
+
+
+def normalized_layout(layout: dict[str, Any]) -> dict[str, Any]:
+    """A layout as written in a checkpoint's ``meta.json``, with the fields added since (:data:`LAYOUT_DEFAULTS`) and
+    what :class:`ParallelLayout` always decides (a DDP or pipelined layout's ``grad_sync``, a pipelined one's
+    ``reshard_after_forward``): two layouts the trainer runs alike compare equal; keys this version does not know are
+    kept as they are."""
+    merged = {**LAYOUT_DEFAULTS, **layout}
+    known = {k: v for k, v in merged.items() if k in ParallelLayout.__dataclass_fields__}
+    try:
+        return {**merged, **ParallelLayout(**known).to_dict()}
+    except TypeError:   # a required field missing: compare as written
+        return merged
 
 
 class LayoutError(ValueError):
@@ -176,6 +215,7 @@ def resolve_layout(par: "ParallelismConfig", world: int, on_gpu: bool, ranks_per
         reshard_after_forward=par.reshard_after_forward, recompute=par.recompute,
         sequence_parallel=par.sequence_parallel, compile=par.compile, param_dtype=param_dtype_for(par, on_gpu),
         reduce_dtype=par.reduce_dtype if par.zero_stage == 3 else "fp32",
+        grad_sync="per_step" if par.grad_sync == "per_step" else "per_microbatch",  # auto: FSDP2's own, per micro-batch
     )
 
 

@@ -22,7 +22,8 @@ of them together; when that does not fit either, the hint says no setting fits.
 Time: training FLOPs = flops_per_token x tokens (the trainer's MFU formula); time on g GPUs =
 FLOPs / (g x peak x MFU), times 1 + the pipeline bubble (pp - 1) / (vp x m) with pp > 1
 (m = global_batch / (micro_batch x dp) micro-batches per step); the built-in trainer's data-parallel traffic per step
-(:mod:`clustertrain.plan.traffic`) is reported beside it, not added to it. Allocation: the smallest makespan T is found over all candidate finish
+(:mod:`clustertrain.plan.traffic`) is reported beside it, not added to it; for FSDP2 with ``grad_sync: per_microbatch``
+and m > 1 also what ``per_step`` would hold and send (:class:`PerStep`), which the plan suggests where it fits. Allocation: the smallest makespan T is found over all candidate finish
 times (the least T for which the per-model minimum counts fit the cluster); nodes still free then go
 one valid step at a time to the model that finishes last.
 """
@@ -115,6 +116,16 @@ class Hardware:
     network_gbps: float | None = None  # per node (EFA on p4/p5); None = unknown (no network time)
 
 
+@dataclass(frozen=True)
+class PerStep:
+    """What ``grad_sync: per_step`` would need and send for a FSDP2 model planned with ``per_microbatch``: the most
+    loaded rank's memory, whether it fits the budget, and its data-parallel traffic per step."""
+
+    memory_bytes: int
+    fits: bool
+    traffic: Traffic | None
+
+
 @dataclass
 class Evaluation:
     """One model on ``gpus`` ranks: layout, memory, time, and why it is infeasible (if it is)."""
@@ -129,6 +140,7 @@ class Evaluation:
     microbatches: int | None = None    # per step and data-parallel rank: global_batch / (micro_batch x dp)
     bubble: float = 0.0                # pipeline bubble, a fraction of the step's compute (pp > 1)
     traffic: Traffic | None = None     # the built-in trainer's data-parallel collectives per step (dp > 1)
+    per_step: PerStep | None = None    # grad_sync per_microbatch: what per_step would hold and send (its suggestion)
 
     @property
     def ok(self) -> bool:
@@ -191,10 +203,20 @@ def evaluate(spec: ModelSpec, hw: Hardware, gpus: int) -> Evaluation:
                 * (1 + bubble))
         if spec.deadline_days is not None and seconds > spec.deadline_days * DAY:
             reasons.append(f"takes {seconds / DAY:.1f} days on {where}, over the deadline of {spec.deadline_days:g} days")
-    traffic = None
+    traffic = per_step = None
     if layout is not None and not structural and spec.builtin:
         traffic = data_parallel_traffic(spec.shape, layout, m, hw.gpus_per_node, hw.network_gbps)
-    return Evaluation(gpus, layout, memory, budget, seconds, step, reasons, m, bubble, traffic)
+        if traffic is not None and layout.grad_sync == "per_microbatch" and m > 1 and budget is not None:
+            per_step = _per_step(spec, hw, layout, m, budget)
+    return Evaluation(gpus, layout, memory, budget, seconds, step, reasons, m, bubble, traffic, per_step)
+
+
+def _per_step(spec: ModelSpec, hw: Hardware, layout: ParallelLayout, m: int, budget: int) -> PerStep:
+    """``grad_sync: per_step`` on the same layout: one reduce-scatter per step instead of m, every block gathered with
+    an unsharded gradient until the step's end (:mod:`clustertrain.plan.memory`)."""
+    other = replace(layout, grad_sync="per_step")
+    needs = _memory(spec, hw, other, m).total_bytes
+    return PerStep(needs, needs <= budget, data_parallel_traffic(spec.shape, other, m, hw.gpus_per_node, hw.network_gbps))
 
 
 def _memory(spec: ModelSpec, hw: Hardware, layout: ParallelLayout, m: int) -> MemoryEstimate:
@@ -282,6 +304,8 @@ def _memory_hint(spec: ModelSpec, hw: Hardware, gpus: int | None = None, budget:
     all of them together, else the hint says no setting fits. Without a count, the settings that exist."""
     fw, par = spec.framework, spec.parallelism
     tips: list[tuple[str, dict, int | None]] = []   # (text, parallelism update, micro_batch)
+    if par.grad_sync == "per_step" and par.zero_stage == 3 and par.pp == 1 and spec.builtin:
+        tips.append(("parallelism.grad_sync: per_microbatch", {"grad_sync": "per_microbatch"}, None))
     if par.zero_stage == 0 and spec.megatron:
         tips.append(("parallelism.zero_stage: 1 (the distributed optimizer)", {"zero_stage": 1}, None))
     elif par.zero_stage == 0 and 3 in fw.zero_stages:

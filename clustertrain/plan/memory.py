@@ -35,7 +35,13 @@ Transient buffers — stated allowances (:func:`buffer_bytes`), not counted tens
        ``set_reshard_after_backward(False)`` and ``set_requires_gradient_sync(False)`` and reduce-scatters once,
        after the step's last micro-batch: from its first backward to the step's end each block of the rank's
        stages stays gathered (compute dtype) and accumulates its unsharded gradient (``reduce_dtype``) — both
-       counted for every block and stage root the rank holds, whatever ``reshard_after_forward`` says.
+       counted for every block and stage root the rank holds (``reshard_after_forward`` is always false there).
+       ``grad_sync: per_step`` without pipeline stages does the same to the whole model (all micro-batches but the
+       last run with those two switches off): every block and the root gathered (compute dtype) with an unsharded
+       gradient in ``reduce_dtype`` — the dtype FSDP2 accumulates an unreduced gradient in
+       (``torch/distributed/fsdp/_fully_shard/_fsdp_param.py``, ``to_accumulated_grad_if_needed``: the compute-dtype
+       gradient is cast to ``reduce_dtype`` after each backward and the next ones added to it; with ``param_dtype ==
+       reduce_dtype`` it stays the parameter's ``.grad``, the same bytes).
 
 Activations per block and micro-batch (Korthikanti et al. 2022, "Reducing Activation Recomputation
 in Large Transformer Models", §4, Table 2), generalised from their 34·s·b·h + 5·a·s²·b bytes:
@@ -226,7 +232,7 @@ def buffer_bytes(shape: ModelShape, layout: ParallelLayout, rank: int = 0) -> in
         return buckets + autocast
     gathered_layout = ParallelLayout(world=layout.tp, dp=1, tp=layout.tp)  # what FSDP2 gathers: tp-local, not dp-sharded
     tp_rank = layout.tp_rank(rank)
-    if layout.pp > 1:  # every block and root of the rank's stages: gathered and with an unsharded gradient
+    if layout.pp > 1 or layout.grad_sync == "per_step":  # every block and root: gathered, with an unsharded gradient
         held = _held_numel(shape, parts, gathered_layout, tp_rank)
         return (DTYPE_BYTES[layout.param_dtype] + DTYPE_BYTES[layout.reduce_dtype]) * held
     block = _local_numel(shape, "block", gathered_layout, tp_rank)

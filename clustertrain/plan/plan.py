@@ -73,6 +73,10 @@ class ModelPlan:
     # (at network_gbps, the node's bandwidth; null when unknown or the group stays on one node), compute_seconds (the
     # step's, without the bubble)
     dp_traffic: dict[str, Any] | None = None
+    # FSDP2 without pipeline stages planned with grad_sync per_microbatch, m > 1: what grad_sync per_step would need and
+    # send — memory_bytes (the most loaded rank's total), fits (within the budget), node_bytes, seconds; the plan
+    # suggests it when it fits (clustertrain.plan.allocate.PerStep)
+    per_step: dict[str, Any] | None = None
 
     @property
     def feasible(self) -> bool:
@@ -267,9 +271,14 @@ def _model_plan(spec: ModelSpec, alloc: Allocation, hw: Hardware, price: float |
             m.memory_pp_rank = mem.pp_rank if mem is not None else None
     if ev.traffic is not None:
         t = ev.traffic
-        m.dp_traffic = {"kind": t.kind, "params": t.params, "gathers": t.gathers, "reduces": t.reduces,
+        m.dp_traffic = {"kind": t.kind, "grad_sync": ev.layout.grad_sync if ev.layout else None, "params": t.params,
+                        "gathers": t.gathers, "reduces": t.reduces,
                         "node_bytes": t.node_bytes, "seconds": t.seconds, "network_gbps": hw.network_gbps,
                         "compute_seconds": ev.step_seconds / (1 + ev.bubble) if ev.step_seconds is not None else None}
+    if ev.per_step is not None:
+        alt = ev.per_step.traffic
+        m.per_step = {"memory_bytes": ev.per_step.memory_bytes, "fits": ev.per_step.fits,
+                      "node_bytes": alt.node_bytes if alt else None, "seconds": alt.seconds if alt else None}
     if ev.memory is not None:
         mem = ev.memory
         m.memory = {"params": mem.params, "weights": mem.weights_bytes, "grads": mem.grads_bytes,
@@ -285,11 +294,11 @@ def _model_plan(spec: ModelSpec, alloc: Allocation, hw: Hardware, price: float |
 
 
 def layout_text(layout: ParallelLayout, memory: TrainerMemory | None = None) -> str:
-    """``ParallelLayout.describe()``, plus ``no reshard after forward`` where that setting changes the memory or the
-    traffic, and with pipeline stages the most loaded pipeline rank: ``most loaded: pp rank 0 (stage 0, 15 layers,
+    """``ParallelLayout.describe()`` (it names ``grads reduced once per step`` for FSDP2 with ``grad_sync: per_step``),
+    plus ``no reshard after forward`` where that setting changes the memory or the traffic (pp 1), and with pipeline stages the most loaded pipeline rank: ``most loaded: pp rank 0 (stage 0, 15 layers,
     4 micro-batches in flight)``."""
     text = layout.describe()
-    if layout.fsdp and not layout.reshard_after_forward:
+    if layout.fsdp and not layout.reshard_after_forward and layout.pp == 1:  # pp > 1: always (ParallelLayout)
         text += ", no reshard after forward"
     if memory is not None and layout.pp > 1:
         stages = ", ".join(map(str, memory.stages))
@@ -327,12 +336,17 @@ def _assumptions(project, hw: Hardware, inst: Instance | None, mfu: float, calib
                     "activations of the micro-batches its schedule keeps in flight (gpipe all, 1f1b pp - rank, "
                     "interleaved the warm-up + 1 chunks), with FSDP2 its blocks gathered and their gradients unsharded "
                     "until the step's end (torch's PipelineStage reduces once per step)")
+        once = [sp.name for sp in builtin if sp.parallelism.grad_sync == "per_step" and sp.parallelism.zero_stage == 3
+                and sp.parallelism.pp == 1]
+        per_step = ("" if not once else
+                    f"; grad_sync per_step ({', '.join(once)}): every block gathered with its unsharded gradient (in "
+                    "reduce_dtype) from the first backward to the step's end, one reduce-scatter per step")
         out.append(f"memory of {'rank 0' if not piped else 'the most loaded rank'}{whom}: {p.headroom:.0%} of each GPU kept "
                    f"free; {p.framework_gib:g} GiB per GPU for CUDA "
                    f"context/NCCL buffers; {'flash' if p.flash_attention else 'materialised'} attention; fp32 parameters, "
                    "gradients and AdamW states (4+4+8 bytes per element of the local shard + 4 per tensor), sharded over dp "
                    "with zero_stage 3; buffers: DDP gradient buckets and autocast copy, FSDP2 gathered blocks (plan/memory.py)"
-                   + pipeline)
+                   + per_step + pipeline)
         if piped:
             out.append(f"time ({', '.join(piped)}): the same FLOPs per token and MFU, times 1 + the pipeline bubble "
                        "(pp - 1) / (v x micro-batches per step)")

@@ -7,13 +7,14 @@ compute dtype (``param_dtype``) and of ``reduce_dtype``.
 
 Collectives per step (what the trainer's FSDP2 and DDP do; :mod:`clustertrain.train.parallel`):
 
-* FSDP2 without pipelining — every micro-batch gathers every block in forward (e_p P), again in backward when
-  ``reshard_after_forward: true`` (the root and each stage's last block stay gathered: not them), and
-  reduce-scatters the gradients (e_r P): the trainer has no ``no_sync`` for FSDP2, so m times per step;
-* FSDP2 with pipeline stages — torch's ``PipelineStage`` turns the gradient reduce-scatter off until the step's last
-  micro-batch and keeps the blocks gathered after each backward: one reduce-scatter per step, one all-gather with
-  ``reshard_after_forward: false``, and with ``true`` one more for each of the m backwards that follow a forward
-  (1F1B and GPipe: m + 1 gathers of the blocks each forward reshards);
+* FSDP2 without pipelining, ``grad_sync: per_microbatch`` — every micro-batch gathers every block in forward
+  (e_p P), again in backward when ``reshard_after_forward: true`` (the root and each stage's last block stay
+  gathered: not them), and reduce-scatters the gradients (e_r P): m times per step;
+* FSDP2 with ``grad_sync: per_step``, and FSDP2 with pipeline stages (torch's ``PipelineStage`` always does this) —
+  the gradient reduce-scatter is off until the step's last micro-batch and the blocks stay gathered after each
+  backward: one reduce-scatter per step, one all-gather with ``reshard_after_forward: false``, and with ``true`` one
+  more for each of the m backwards that follow a forward (m + 1 gathers of the blocks each forward reshards; under
+  pipeline stages ``reshard_after_forward`` is always false: one);
 * DDP — one all-reduce of the fp32 gradients per step (``no_sync`` until the last micro-batch): 2 x 4 P.
 
 Across the network: a data-parallel group of d ranks has g = min(d, GPUs per node / tp) of them on each node
@@ -61,7 +62,7 @@ def data_parallel_traffic(shape: ModelShape, layout: ParallelLayout, m: int, gpu
         kept = (len(parts.stages) * _local_numel(shape, "block", tp_layout)
                 + (params - parts.layers * _local_numel(shape, "block", tp_layout)))  # last blocks + roots
         again = (params - kept) / params if layout.reshard_after_forward else 0.0
-        if layout.pp == 1:
+        if layout.grad_sync == "per_microbatch":   # pp 1 (ParallelLayout: pipelined layouts are per_step)
             gathers, reduces = m * (1 + again), m
         else:
             gathers, reduces = 1 + m * again, 1

@@ -154,7 +154,17 @@ class ParallelismConfig(StrictModel):
     )
     reshard_after_forward: bool = Field(
         True, description="FSDP2 (zero_stage 3): free each block's gathered parameters after its forward and gather them "
-        "again for backward (less memory); `false` keeps them until backward (one all-gather less per block, ZeRO-2-like memory).",
+        "again for backward (less memory); `false` keeps them until backward (one all-gather less per block, ZeRO-2-like memory). "
+        "Always false with pp > 1 (the stage keeps its blocks gathered until the step's end anyway; torchtitan's default).",
+    )
+    grad_sync: Literal["auto", "per_microbatch", "per_step"] = Field(
+        "auto", description="When the built-in trainer's FSDP2 (zero_stage 3, pp 1) reduce-scatters the gradients of a "
+        "step's micro-batches: `per_microbatch` after each one's backward (gradients sharded at once: the least memory), "
+        "`per_step` once, after the last (FSDP2's set_requires_gradient_sync(False) and set_reshard_after_backward(False) "
+        "on the others: 1/micro-batches of the traffic, but every block's gathered parameters and unsharded gradient, "
+        "in reduce_dtype, held until the step's end). `auto`: per_microbatch there; `clustertrain plan` names per_step "
+        "where it fits. DDP and pipeline stages always exchange once per step (per_step); Megatron's distributed "
+        "optimizer too.",
     )
     recompute: Literal["none", "selective", "full"] = Field(
         "none", description="Activation checkpointing per block: `selective` recomputes the attention core "
@@ -242,6 +252,11 @@ def builtin_problems(par: ParallelismConfig, arch: ArchConfig | None = None) -> 
         out.append(("parallelism.compile", "compile with recompute: selective and tp > 1 fails in torch 2.13 (a tensor-parallel "
                                            "DTensor saved by the attention checkpoint inside a compiled block); use recompute: "
                                            "full, or compile: false"))
+    if par.grad_sync == "per_microbatch" and (par.zero_stage != 3 or par.pp > 1):
+        why = "DDP reduces once per step (no_sync until the last micro-batch)" if par.zero_stage != 3 else \
+            f"pipeline stages (pp={par.pp}) reduce once per step (torch's PipelineStage)"
+        out.append(("parallelism.grad_sync", f"per_microbatch applies to FSDP2 (zero_stage: 3) without pipeline stages; "
+                                             f"{why}; drop grad_sync or set it to per_step"))
     if par.reduce_dtype == "bf16" and par.zero_stage == 0:
         out.append(("parallelism.reduce_dtype", "reduce_dtype bf16 needs zero_stage: 3 (DDP reduces fp32 gradients)"))
     return out

@@ -191,8 +191,10 @@ def test_plan_names_no_layout_that_does_not_fit_and_exits_2_like_check():
     plan = runner.invoke(app, ["plan", str(P5E), *sets(*TOO_WIDE)], prog_name="clustertrain")
     assert plan.exit_code == 2 and plan.stderr == "", plan.output
     line = next(line for line in plan.stdout.splitlines() if line.startswith("infeasible: model-7: "))
-    assert "needs 875.4 GiB per GPU (fsdp 8, bf16 params / fp32 reduce) but 126.4 GiB is usable" in line
-    assert line.endswith("; no setting makes it fit on 8 GPUs (tried parallelism.reshard_after_forward: true, "
+    assert "needs 1609.5 GiB per GPU (fsdp 8, grads reduced once per step, bf16 params / fp32 reduce) but 126.4 GiB " \
+           "is usable" in line
+    assert line.endswith("; no setting makes it fit on 8 GPUs (tried parallelism.grad_sync: per_microbatch, "
+                         "parallelism.reshard_after_forward: true, "
                          "parallelism.recompute: selective, parallelism.tp with sequence_parallel: true, parallelism.pp "
                          "alone and together); use a smaller model or GPUs with more memory")
     assert "parallelism.pp: 8 (" not in line  # was: pp 8 "(... 633.9 GiB)" against 126.4 usable

@@ -48,6 +48,10 @@ class Precision:
             f"reduce {self.reduce}" if self.reduce else "no reduce")
 
 
+def _no_part(name: str) -> AbstractContextManager:
+    return nullcontext()
+
+
 @dataclass
 class ParallelModel:
     model: GPT                              # the rank's (sharded) model or pipeline stages: optimizer, checkpoints
@@ -62,27 +66,34 @@ class ParallelModel:
     non_embedding_params: int = 0
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor, scale: float, sync: bool = True,
-                         timed_forward: Callable[[], AbstractContextManager] = nullcontext) -> torch.Tensor:
+                         part: Callable[[str], AbstractContextManager] = _no_part) -> torch.Tensor:
         """Loss of one micro-batch times ``scale``, backpropagated; returns it detached as a plain tensor.
-        ``sync=False``: DDP skips its gradient all-reduce (every micro-batch but the last). ``timed_forward``
-        wraps the forward pass (per-rank step timing). Not for pipelined models (:meth:`forward_backward_step`)."""
+        ``sync=False`` (every micro-batch but the last): DDP skips its gradient all-reduce, and FSDP2 with
+        ``grad_sync: per_step`` its reduce-scatter (:func:`~clustertrain.train.parallel.data_parallel.set_fsdp_sync`);
+        FSDP2 with ``per_microbatch`` reduce-scatters after every micro-batch whatever ``sync`` says. ``part(name)``
+        wraps the forward pass (``"forward"``) and the backward (``"backward"``): the trainer's timing and heartbeat
+        phase. Not for pipelined models (:meth:`forward_backward_step`)."""
         assert self.pipeline is None, "a pipelined model runs a whole step's micro-batches: forward_backward_step"
+        if self.fsdp_applied and self.layout.grad_sync == "per_step":
+            from clustertrain.train.parallel.data_parallel import set_fsdp_sync
+
+            set_fsdp_sync(self.module, sync)
         no_sync = getattr(self.module, "no_sync", None)
         with nullcontext() if sync or no_sync is None else no_sync(), self._loss_context():
-            with self.autocast(), timed_forward():
+            with part("forward"), self.autocast():
                 loss = loss_fn(self.module(x), y) * scale
-            loss.backward()
+            with part("backward"):
+                loss.backward()
         loss = loss.detach()
         return loss.to_local() if hasattr(loss, "to_local") else loss
 
     def forward_backward_step(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], scale: float,
-                              timed_forward: Callable[[], AbstractContextManager] = nullcontext,
-                              timed_micro: Callable[[], AbstractContextManager] = nullcontext) -> torch.Tensor:
+                              part: Callable[[str], AbstractContextManager] = _no_part) -> torch.Tensor:
         """Forward and backward of a step's micro-batches (``(x, y)`` pairs, each loss times ``scale``); the sum of
         their losses, on every rank. Without a pipeline: one micro-batch at a time, ``batches[i]`` taken just before
-        its turn (a lazy sequence reads each there), ``timed_micro`` around its forward and backward,
-        ``timed_forward`` around its forward pass, the gradient reduction on the last. Pipelined: the schedule
-        runs them all (``timed_forward`` around the whole schedule: forward and backward interleave)."""
+        its turn (a lazy sequence reads each there, as ``part("data")``), ``part("forward")`` and
+        ``part("backward")`` around its forward and backward, the gradient reduction on the last. Pipelined: the
+        schedule runs them all, under ``part("forward")`` (forward and backward interleave in it)."""
         if self.pipeline is not None:
             pairs = [batches[i] for i in range(len(batches))]
             x = torch.cat([b[0] for b in pairs])
@@ -93,16 +104,22 @@ class ParallelModel:
                 with self._loss_context(), self.autocast():
                     yield
 
-            with timed_micro(), timed_forward():
+            with part("forward"):
                 return self.pipeline.step(x, y, scale, context)
         total: torch.Tensor | None = None
         for i in range(len(batches)):
             x, y = batches[i]
-            with timed_micro():
-                loss = self.forward_backward(x, y, scale, sync=i == len(batches) - 1, timed_forward=timed_forward)
+            loss = self.forward_backward(x, y, scale, sync=i == len(batches) - 1, part=part)
             total = loss if total is None else total + loss
         assert total is not None, "a step has at least one micro-batch"
         return total
+
+    @property
+    def fsdp_applied(self) -> bool:
+        """Whether FSDP2 wraps the model (``zero_stage: 3`` on a process group; not at world size 1)."""
+        from torch.distributed.fsdp import FSDPModule
+
+        return isinstance(self.module, FSDPModule)
 
     def _loss_context(self) -> AbstractContextManager:
         if not self.loss_parallel:

@@ -29,7 +29,26 @@ def apply_fsdp(model: GPT, dp_mesh: DeviceMesh, layout: ParallelLayout) -> None:
     for i, block in enumerate(blocks):
         # the last block's parameters are needed again at once by backward: keeping them saves an all-gather
         fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=layout.reshard_after_forward and i < last)
-    fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=layout.reshard_after_forward)
+    # the root (embeddings, final norm, output layer): None lets FSDP2 keep it gathered from forward to backward (it
+    # is needed again at once: torch/distributed/fsdp/_fully_shard/_fsdp_state.py ``_lazy_init``, "For the root, do not
+    # reshard after forward"); an explicit True would free and re-gather it every micro-batch
+    fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=None if layout.reshard_after_forward else False)
+
+
+def set_fsdp_sync(model: nn.Module, sync: bool) -> None:
+    """Before a micro-batch of a ``grad_sync: per_step`` FSDP2 model: ``sync=False`` (every micro-batch but the last)
+    keeps its gradients unsharded and unreduced (accumulated in ``reduce_dtype``) and its blocks gathered after
+    backward; ``sync=True`` (the last) reduce-scatters the accumulated gradients and reshards, once per block. The
+    three switches torch's ``PipelineStage`` sets around a pipelined FSDP2 stage's backwards
+    (``torch/distributed/pipelining/stage.py``: ``backward_maybe_with_nosync`` and ``perform_reduce_grad``; torch
+    2.13's ``FSDPModule.set_requires_gradient_sync`` / ``set_reshard_after_backward`` recurse into every FSDP2 module,
+    ``set_is_last_backward`` is the root's and keeps the backward-prefetch order until the step's last backward)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    assert isinstance(model, FSDPModule), "grad_sync per_step: the FSDP2 root"
+    model.set_is_last_backward(sync)
+    model.set_reshard_after_backward(sync)
+    model.set_requires_gradient_sync(sync)
 
 
 def apply_ddp(model: nn.Module, device: torch.device, group=None) -> nn.Module:

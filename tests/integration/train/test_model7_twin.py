@@ -57,7 +57,8 @@ def test_the_twin_keeps_model7s_ratios_and_layout():
     assert (a.layers / a.heads, a.seq_len / a.hidden, a.ffn_dim / a.hidden) == \
         (b.layers / b.heads, b.seq_len / b.hidden, b.ffn_dim / b.hidden)
     assert (a.mlp, a.norm, a.tie_embeddings) == (b.mlp, b.norm, b.tie_embeddings)
-    keys = ("zero_stage", "tp", "pp", "reshard_after_forward", "recompute", "sequence_parallel", "compile", "param_dtype")
+    keys = ("zero_stage", "tp", "pp", "reshard_after_forward", "recompute", "sequence_parallel", "compile", "param_dtype",
+            "grad_sync")
     assert {k: getattr(twin.parallelism, k) for k in keys} == {k: getattr(seven.parallelism, k) for k in keys}
     assert twin.training.micro_batch == seven.training.micro_batch == 1
     project = load_project(TWIN)
@@ -70,7 +71,7 @@ def test_the_twin_keeps_model7s_ratios_and_layout():
     assert (layout.dp, layout.tp, layout.sequence_parallel, layout.recompute) == (2, 2, True, "selective")
     assert "--set models.0.parallelism.tp=2" in TWIN.read_text()
     assert yaml.safe_load(TWIN.read_text())["models"][0]["parallelism"] == {
-        "zero_stage": 3, "tp": 1, "reshard_after_forward": False, "recompute": "none"}
+        "zero_stage": 3, "tp": 1, "reshard_after_forward": False, "recompute": "none", "grad_sync": "per_step"}
 
 
 @pytest.fixture(scope="module")

@@ -45,14 +45,18 @@ def test_flagship_is_the_seeds_plan_with_the_layouts_it_carries(flagship):
     small, large = flagship.models[0], flagship.models[6]
     assert small.layout == {"world": 88, "dp": 88, "tp": 1, "pp": 1, "virtual_stages": 1, "schedule": "1f1b",
                             "zero_stage": 3, "reshard_after_forward": False, "recompute": "none",
-                            "sequence_parallel": False, "compile": False, "param_dtype": "bf16", "reduce_dtype": "fp32"}
-    assert large.layout["world"] == 112 and large.layout_text.startswith("fsdp 112, bf16 params / fp32 reduce")
-    for m in (small, large):                                      # fits, with room: the example's comment says how much
-        assert m.memory["total"] < 0.5 * m.memory_budget_bytes
+                            "sequence_parallel": False, "compile": False, "param_dtype": "bf16", "reduce_dtype": "fp32",
+                            "grad_sync": "per_step"}
+    assert large.layout["world"] == 112
+    assert large.layout_text.startswith("fsdp 112, grads reduced once per step, bf16 params / fp32 reduce")
+    assert small.memory["total"] < 0.5 * small.memory_budget_bytes  # the example's comment says how much
+    assert 0.75 * large.memory_budget_bytes < large.memory["total"] < large.memory_budget_bytes  # per_step's price
+    for m in (small, large):
         assert m.memory["weights"] == 4 * m.memory["params"] and m.memory["params"] < m.params / 80
+        assert m.per_step is None and m.dp_traffic["grad_sync"] == "per_step" and m.dp_traffic["reduces"] == 1
     text = render_plan(flagship, "table")
     for needle in ("640", "15,360", "160 TiB", "$2,768.00/h", "allocation: 6 x 11 + 1 x 14 nodes", "fsdp 88", "fsdp 112",
-                   "memory per GPU (rank 0, the most loaded)", "33.7 GiB", "55.3 GiB", "126.4 GiB", "feasible"):
+                   "memory per GPU (rank 0, the most loaded)", "57.5 GiB", "101.7 GiB", "126.4 GiB", "feasible"):
         assert needle in text, needle
 
 
@@ -77,7 +81,7 @@ def test_json_and_markdown_carry_the_same_numbers(flagship, ddp_plan):
     assert m7["layout"]["zero_stage"] == 3 and m7["layout"]["dp"] == 112 and m7["parallelism"]["param_dtype"] == "bf16"
     md = render_plan(flagship, "markdown")
     assert "| vCPUs | 15,360 |" in md and "Allocation: 6 x 11 + 1 x 14 nodes" in md
-    assert "| model-7 | fsdp 112, bf16 params / fp32 reduce, no reshard after forward |" in md
+    assert "| model-7 | fsdp 112, grads reduced once per step, bf16 params / fp32 reduce, no reshard after forward |" in md
     doc = json.loads(render_plan(ddp_plan, "json"))
     assert doc["models"][0]["layout"] is None and doc["models"][0]["parallelism"]["zero_stage"] == 0
     assert "- infeasible: model-1: does not fit" in render_plan(ddp_plan, "markdown")

@@ -49,6 +49,7 @@ to check ownership without loading torch.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -142,21 +143,27 @@ def dcp_files(path: Path) -> dict[str, int]:
 def damage(path: Path) -> str | None:
     """Why the checkpoint directory ``path`` cannot be loaded as committed (a file missing, of another size than
     ``meta.json`` records, or an unreadable ``meta.json``), or None."""
+    return inspect(path)[1]
+
+
+def inspect(path: Path) -> tuple[CheckpointMeta | None, str | None]:
+    """The checkpoint directory ``path``'s ``meta.json`` (None when unreadable) and its :func:`damage` — one
+    ``stat`` per DCP file, one listing of the directory, one read of ``meta.json``."""
     if not path.is_dir():
-        return "it does not exist"
+        return None, "it does not exist"
     try:
         meta = read_record(path / "meta.json", CheckpointMeta)
     except (RunDirError, ValueError):  # read_record lets a non-UTF-8 file's UnicodeDecodeError through
-        return "meta.json is damaged"
+        return None, "meta.json is damaged"
     if meta is None:
-        return "meta.json is missing"
+        return None, "meta.json is missing"
+    sizes = {e.name: e.stat().st_size for e in os.scandir(path) if e.is_file()}
     for name, size in {".metadata": None, **(meta.files or {})}.items():
-        if not (path / name).is_file():
-            return f"{name} is missing"
-        actual = (path / name).stat().st_size
-        if size is not None and actual != size:
-            return f"{name} is {actual} bytes, {size} when it was saved"
-    return None
+        if name not in sizes:
+            return meta, f"{name} is missing"
+        if size is not None and sizes[name] != size:
+            return meta, f"{name} is {sizes[name]} bytes, {size} when it was saved"
+    return meta, None
 
 
 def check_ownership(root: Path, fingerprint: str, project: str, model: str) -> None:

@@ -12,14 +12,23 @@ renames it to ``step_N``, fsyncs ``checkpoints/``, and only then replaces ``late
 A directory counts as a checkpoint only with both ``meta.json`` and ``.metadata``
 (:func:`is_complete`). A kill at any moment therefore leaves ``latest`` naming a complete checkpoint.
 
-Damage after the commit (:meth:`CheckpointManager.load_latest`): a checkpoint whose files do not match its
-``meta.json`` (:func:`~clustertrain.core.checkpoint_format.damage`) or that DCP fails to load is skipped, set aside
-as ``damaged-step_N``, and the resume falls back to the next older one (details: the format's docstring).
+Resume (:meth:`CheckpointManager.load_latest`): **rank 0 decides, once, and broadcasts**. Rank 0 alone reads the
+run's checkpoints — ownership (:func:`~clustertrain.core.checkpoint_format.check_ownership`: another project, model
+or format is refused), then each candidate's ``meta.json`` and the size of each of its DCP files
+(:func:`~clustertrain.core.checkpoint_format.inspect`) — and broadcasts what it found (each candidate's path, meta,
+damage and set-aside name, or the refusal's one line) on the manager's CPU group. Every other rank then touches only
+what DCP's load reads (``.metadata`` and the data files holding its shards): at 640 ranks a restart costs the
+metadata server one pass over the files, not 640. A checkpoint whose files do not match its ``meta.json`` or that
+DCP fails to load (on every rank alike: DCP gathers load failures) is skipped, set aside as ``damaged-step_N`` by
+rank 0, and the resume falls back to the next older one (details: the format's docstring); every rank logs the same
+notes and raises the same one-line error.
 
 Pruning (``keep_last``) skips the checkpoints a background backup is reading or about to read
 (``protected``, see :mod:`clustertrain.train.checkpoint_backup`); they go at a later save or the final
-:meth:`CheckpointManager.prune`. A pruned directory is renamed to ``.trash-step_…`` first, so a
-kill mid-delete never leaves a half-deleted ``step_…``.
+:meth:`CheckpointManager.prune`. A pruned directory is renamed to ``.trash-step_…-<ns>`` inside the commit (one
+rename each: ``latest``, ``keep_last`` and ``find_latest`` see the result at once) and deleted **off the training
+path** by a background thread of rank 0 (:class:`Deleter`; ``close``/``prune`` wait for it). A kill mid-delete leaves
+a ``.trash-…`` that no reader counts and :func:`clean_stale` removes at the next start.
 
 Torch is imported inside the methods: the launcher reads checkpoints without loading torch (through the format
 module), and a rank imports this module before it initialises torch.distributed.
@@ -28,7 +37,9 @@ module), and a rank imports this module before it initialises torch.distributed.
 from __future__ import annotations
 
 import os
+import queue
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -41,10 +52,11 @@ from clustertrain.core.checkpoint_format import (
     VERSION,
     CheckpointMeta,
     check_format,
+    check_ownership,
     complete_checkpoints,
-    damage,
     dcp_files,
     find_latest,
+    inspect,
     read_meta,
     resume_candidates,
     step_dir_name,
@@ -72,15 +84,56 @@ def clean_stale(root: Path) -> None:
                 shutil.rmtree(p, ignore_errors=True)
 
 
+class Deleter:
+    """Deletes directories already renamed out of the way (``.trash-…``) in one background thread, in order."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[Path] = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, path: Path) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="checkpoint-prune", daemon=True)
+            self._thread.start()
+        self._queue.put(path)
+
+    def drain(self) -> None:
+        """Wait until everything submitted is deleted."""
+        if self._thread is not None:
+            self._queue.join()
+
+    def _run(self) -> None:
+        while True:
+            path = self._queue.get()
+            try:
+                shutil.rmtree(path, ignore_errors=True)
+            finally:
+                self._queue.task_done()
+
+
+@dataclass
+class Candidate:
+    """What rank 0 found about one checkpoint a resume may take (broadcast to every rank): its ``meta.json`` (None if
+    unreadable), why it cannot be loaded as committed (None: it can), and the name it is set aside as if skipped."""
+
+    path: Path
+    meta: CheckpointMeta | None
+    problem: str | None
+    aside: str | None
+
+
 @dataclass
 class CheckpointManager:
     """Saves, commits, loads and prunes one run's checkpoints (protocol in the module docstring).
     Every rank holds one and calls :meth:`save`, :meth:`wait` and :meth:`load` together.
 
-    ``process_group``: where async saves run their collectives, from a background thread. Nothing else
-    may use that group meanwhile (two threads issuing collectives on one group can pair them differently
-    on different ranks); None makes a dedicated gloo group at the first async save.
-    ``writer``: the DCP storage writer for a directory (a test passes a slow one)."""
+    ``process_group``: a CPU (gloo) group over every rank — the trainer's control group; None: the default group.
+    It carries rank 0's resume decision (:meth:`load_latest`) and, once, the writer processes' store address
+    (:mod:`clustertrain.train.checkpoint_async`); async saves' own collectives run in the writer processes.
+    ``writer``: the DCP storage writer for a directory (a test passes a slow one; pickled to the writer process,
+    so its class is defined at module level).
+    ``overlap_staging``: an async save returns before its state is copied; call :meth:`staged` before the next
+    optimizer step (see :mod:`clustertrain.train.checkpoint_async`)."""
 
     root: Path
     keep_last: int
@@ -93,10 +146,19 @@ class CheckpointManager:
     process_group: Any = None
     protected: Callable[[], AbstractContextManager[set[str]]] | None = None
     writer: WriterFactory = file_writer
+    overlap_staging: bool = False
     _async: AsyncSaves = field(init=False, repr=False)
+    _deleter: Deleter = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._async = AsyncSaves(self.process_group)
+        self._async = AsyncSaves(self.process_group, overlap=self.overlap_staging)
+        self._deleter = Deleter()
+
+    def prepare_async(self) -> None:
+        """Start this rank's checkpoint writer process in the background, so that the first async save does not wait
+        for it (spawn, import torch, the writers' rendezvous). Every rank together (one broadcast); optional: the
+        first async save starts it otherwise."""
+        self._async.prepare()
 
     # -- saving ----------------------------------------------------------------------------------
     def save(self, step: int, consumed_samples: int, state: dict[str, Any], *, async_save: bool = False) -> Path | None:
@@ -125,6 +187,11 @@ class CheckpointManager:
             return final
         self._async.start(state, self.writer(tmp), step, consumed_samples, final, tmp)
         return previous
+
+    def staged(self) -> None:
+        """With ``overlap_staging``: wait until the async save in flight has copied the state (call it before the
+        optimizer step changes parameters and moments in place); at once otherwise."""
+        self._async.staged()
 
     def poll(self) -> Path | None:
         """Without blocking, in a single process: if the in-flight async save has finished, commit it and return
@@ -158,11 +225,14 @@ class CheckpointManager:
         return self._commit(inflight) if self.rank == 0 else None
 
     def close(self) -> Path | None:
-        """:meth:`wait`, then release the staging memory; returns what :meth:`wait` returns."""
+        """:meth:`wait`, then release the staging memory, stop the writer process and finish pending deletes; returns
+        what :meth:`wait` returns. Call it at the end of a run, and on failure (it never hangs: a writer that does not
+        stop is killed)."""
         try:
             return self.wait()
         finally:
             self._async.release()
+            self._deleter.drain()
 
     def _commit(self, done: InFlight) -> Path:
         """Rank 0: meta.json, rename to ``step_N``, then ``latest`` (each step durable before the next)."""
@@ -175,9 +245,7 @@ class CheckpointManager:
         except OSError as e:
             raise self._failed(done.step, done.tmp, e) from None
         if done.final.exists():  # an earlier save of the same step that `latest` never named
-            trash = self.root / f".trash-{done.final.name}-{os.getpid()}"
-            os.replace(done.final, trash)
-            shutil.rmtree(trash, ignore_errors=True)
+            self._deleter.submit(self._trash(done.final))
         os.replace(done.tmp, done.final)
         fsync_dir(self.root)
         try:
@@ -209,70 +277,101 @@ class CheckpointManager:
 
     # -- pruning ---------------------------------------------------------------------------------
     def prune(self) -> None:
-        """Apply ``keep_last`` now (rank 0; e.g. once the backups a run waited for are done)."""
+        """Apply ``keep_last`` now and wait for the deletes (rank 0; e.g. once the backups a run waited for are done)."""
         newest = find_latest(self.root)
         if newest is not None:
             self._prune(newest)
+        self._deleter.drain()
 
     def _prune(self, newest: Path) -> None:
-        trash: list[Path] = []
+        """Rename what ``keep_last`` drops out of the way now; the background thread deletes it."""
         with self.protected() if self.protected is not None else nullcontext(set()) as keep:
             done = [p for p in complete_checkpoints(self.root) if p != newest]
-            for old in done[: max(0, len(done) - (self.keep_last - 1))]:
-                if old.name in keep:
-                    continue
-                trash.append(self.root / f".trash-{old.name}")
-                os.replace(old, trash[-1])
+            trash = [self._trash(old) for old in done[: max(0, len(done) - (self.keep_last - 1))] if old.name not in keep]
         for t in trash:
-            shutil.rmtree(t, ignore_errors=True)
+            self._deleter.submit(t)
+
+    def _trash(self, path: Path) -> Path:
+        """Rename ``path`` to a unique ``.trash-…`` name (atomic: it is no checkpoint from now on)."""
+        trash = self.root / f".trash-{path.name}-{time.time_ns()}"
+        os.replace(path, trash)
+        return trash
 
     # -- loading ---------------------------------------------------------------------------------
     def same_layout(self, meta: CheckpointMeta) -> bool:
         """Whether the checkpoint was written by ranks laid out as this run's (then its RNG streams apply)."""
         if meta.world_size != self.world_size or meta.layout is None or self.layout is None:
             return meta.world_size == self.world_size and meta.layout == self.layout
-        from clustertrain.core.parallel_layout import LAYOUT_DEFAULTS
+        from clustertrain.core.parallel_layout import normalized_layout
 
-        return {**LAYOUT_DEFAULTS, **meta.layout} == {**LAYOUT_DEFAULTS, **self.layout}  # keys added since default
+        return normalized_layout(meta.layout) == normalized_layout(self.layout)  # keys added since, and their defaults
 
     def load_latest(self, state: dict[str, Any]) -> LoadedCheckpoint | None:
         """Load the newest checkpoint that loads (:meth:`load`; order: :func:`resume_candidates`) into ``state``;
-        None when there is none. A damaged one (:func:`damage`, or DCP cannot read it) is skipped, set aside and
-        named in one note; rank 0 then points ``latest`` at the one loaded. Every rank calls it together (the
-        checks read the same files, and DCP's load fails on every rank alike). Refusals of :meth:`load` (another
-        architecture, another format) are raised, not skipped; when every checkpoint is damaged, one line
-        names each."""
-        skipped: list[tuple[Path, str]] = []
-        for path in resume_candidates(self.root):
-            problem = damage(path)
-            if problem is None:
+        None when there is none. Every rank calls it together: rank 0 checks ownership and each candidate
+        (:meth:`decide`) and broadcasts; the others read nothing but what DCP's load needs. A damaged checkpoint
+        (:func:`inspect`, or DCP cannot read it) is skipped, set aside and named in one note; rank 0 then points
+        ``latest`` at the one loaded. Refusals (another project or architecture, another format) are raised on
+        every rank, the same line; when every checkpoint is damaged, one line names each."""
+        decided = self.decide()
+        if isinstance(decided, str):
+            raise RunDirError(decided)
+        skipped: list[Candidate] = []
+        for cand in decided:
+            if cand.problem is None:
                 try:
-                    meta = self._load(path, state)
+                    meta = self._load(cand.path, state, cand.meta)
                 except _Unloadable as e:
-                    problem = f"DCP cannot load it: {e}"
+                    cand.problem = f"DCP cannot load it: {e}"
                 else:
-                    return LoadedCheckpoint(path, meta, self._set_aside(skipped, path))
-            skipped.append((path, problem))
+                    return LoadedCheckpoint(cand.path, meta, self._set_aside(skipped, cand.path))
+            skipped.append(cand)
         if not skipped:
             return None
-        named = "; ".join(f"{p.name}: {why}" for p, why in skipped)
+        named = "; ".join(f"{c.path.name}: {c.problem}" for c in skipped)
         raise RunDirError(f"{self.root}: no checkpoint can be loaded ({named}); restore one from its backup "
                           "(clustertrain storage restore URL RUN_DIR/checkpoints/step_N) or use --no-resume to "
                           "archive them and start over")
 
-    def _set_aside(self, skipped: list[tuple[Path, str]], loaded: Path) -> list[str]:
+    def decide(self) -> list[Candidate] | str:
+        """What a resume may take, newest first (:class:`Candidate`), or the one line refusing to resume — judged by
+        rank 0 alone and broadcast on ``process_group`` (every rank together)."""
+        found: list[Any] = [None]
+        if self.rank == 0:
+            try:
+                check_ownership(self.root, self.fingerprint, self.project, self.model_name)
+                found[0] = [self._candidate(path) for path in resume_candidates(self.root)]
+            except RunDirError as e:
+                found[0] = str(e)
+            except OSError as e:
+                found[0] = f"{self.root}: cannot read the checkpoints ({one_line(e)}); check that file system"
+        if distributed():
+            import torch.distributed as dist
+
+            group = self.process_group
+            dist.broadcast_object_list(found, src=dist.get_global_rank(group, 0) if group is not None else 0,
+                                       group=group)
+        return found[0]
+
+    def _candidate(self, path: Path) -> Candidate:
+        meta, problem = inspect(path)
+        aside = None
+        if problem != "it does not exist":
+            aside = f"{DAMAGED_PREFIX}{path.name}"
+            if (self.root / aside).exists():
+                aside = f"{aside}-{time.time_ns()}"
+        return Candidate(path, meta, problem, aside)
+
+    def _set_aside(self, skipped: list[Candidate], loaded: Path) -> list[str]:
         """Rank 0: rename each skipped checkpoint to ``damaged-step_N`` and point ``latest`` at ``loaded``
-        (after the collective load, so every rank has done its checks). The notes, one per skipped one."""
+        (after the collective load, so every rank has done its reads). The notes, one per skipped one."""
         notes = []
-        for path, why in skipped:
-            note = f"skipped checkpoint {path} ({why}): resuming from {loaded.name} instead"
-            if path.is_dir():
-                aside = self.root / f"{DAMAGED_PREFIX}{path.name}"
-                if aside.exists():
-                    aside = self.root / f"{DAMAGED_PREFIX}{path.name}-{time.time_ns()}"
-                note += f"; set aside as {aside.name}"
+        for cand in skipped:
+            note = f"skipped checkpoint {cand.path} ({cand.problem}): resuming from {loaded.name} instead"
+            if cand.aside is not None:
+                note += f"; set aside as {cand.aside}"
                 if self.rank == 0:
-                    os.replace(path, aside)
+                    os.replace(cand.path, self.root / cand.aside)
             notes.append(note)
         if self.rank == 0 and skipped:
             fsync_dir(self.root)
@@ -289,12 +388,13 @@ class CheckpointManager:
                               "architecture that wrote it, or use --no-resume to archive it or another "
                               "--run-dir") from None
 
-    def _load(self, path: Path, state: dict[str, Any]) -> CheckpointMeta:
-        """:meth:`load`, raising :class:`_Unloadable` when DCP cannot read the checkpoint into ``state``."""
+    def _load(self, path: Path, state: dict[str, Any], meta: CheckpointMeta | None = None) -> CheckpointMeta:
+        """:meth:`load`, raising :class:`_Unloadable` when DCP cannot read the checkpoint into ``state``; ``meta``:
+        its ``meta.json`` as rank 0 read it (None: read it here)."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.api import CheckpointException
 
-        meta = read_meta(path)
+        meta = meta if meta is not None else read_meta(path)
         if meta.fingerprint != self.fingerprint:
             raise RunDirError(f"{path}: holds model {meta.model!r} of project {meta.project!r}, another "
                               f"architecture than {self.project!r}/{self.model_name!r}; use another --run-dir, "

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from torch.distributed.checkpoint import FileSystemWriter
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
@@ -113,34 +114,52 @@ def manager(root: Path, kind: str, writer=None):
                              world_size=world, layout={"world": world, "kind": kind}, writer=writer or file_writer)
 
 
-class SlowWriter:
-    """A FileSystemWriter whose data write first sleeps: an async save that stays in flight."""
+class SlowWriter(FileSystemWriter):
+    """A FileSystemWriter whose data write first sleeps: an async save that stays in flight. (Module level: the
+    writer is pickled to the checkpoint writer process.)"""
 
-    def __new__(cls, path):
-        from torch.distributed.checkpoint import FileSystemWriter
-
-        class _Slow(FileSystemWriter):
-            def write_data(self, plan, planner):
-                time.sleep(120)
-                return super().write_data(plan, planner)
-
-        return _Slow(str(path))
+    def write_data(self, plan, planner):
+        time.sleep(120)
+        return super().write_data(plan, planner)
 
 
-class FullWriter:
+class FullWriter(FileSystemWriter):
     """A FileSystemWriter whose data write fails after a moment, as on a full file system."""
 
-    def __new__(cls, path):
+    def write_data(self, plan, planner):
         import errno
 
-        from torch.distributed.checkpoint import FileSystemWriter
+        time.sleep(1)
+        raise OSError(errno.ENOSPC, "No space left on device")
 
-        class _Full(FileSystemWriter):
-            def write_data(self, plan, planner):
-                time.sleep(1)
-                raise OSError(errno.ENOSPC, "No space left on device")
 
-        return _Full(str(path))
+class FileOps:
+    """Counts this process's file-system calls under ``root`` while active: ``open``, ``os.listdir`` and
+    ``os.scandir`` through a real audit hook (``sys.addaudithook``: CPython raises these events), ``os.stat`` (which
+    raises no audit event; ``Path.stat``/``is_file``/``is_dir``/``exists`` go through it) through a pass-through
+    wrapper that calls the real function. Audit hooks cannot be removed: the hook stays, counting only while on."""
+
+    def __init__(self, root: Path):
+        self.root, self.on, self.counts = str(root), False, {"open": 0, "listdir": 0, "scandir": 0, "stat": 0}
+        sys.addaudithook(self._audit)
+
+    def _audit(self, event, args):
+        if self.on and event in ("open", "os.listdir", "os.scandir") and args and str(args[0]).startswith(self.root):
+            self.counts[event.removeprefix("os.")] += 1
+
+    def __enter__(self):
+        real = self._real = os.stat
+
+        def counted(path, *a, **kw):
+            if self.on and str(path).startswith(self.root):
+                self.counts["stat"] += 1
+            return real(path, *a, **kw)
+
+        os.stat, self.on = counted, True
+        return self
+
+    def __exit__(self, *exc):
+        os.stat, self.on = self._real, False
 
 
 def worker(out: Path, phases: list[str]) -> None:
@@ -202,14 +221,15 @@ def worker(out: Path, phases: list[str]) -> None:
             if rank == 0:
                 torch.save(ref, root / "ref.pt")
             report[phase] = {"committed": str(committed) if committed else None, "stall_s": stall}
-            mgr.writer = SlowWriter
+            mgr.writer = lambda path: SlowWriter(str(path))
             mgr.save(2, 32, app_state(model, opt, TrainState(2, 32)), async_save=True)
+            report[phase]["writer_pid"] = mgr._async.writer_pid
             (out / f"rank{rank}.json").write_text(json.dumps(report))
             time.sleep(300)  # killed here, mid-write
         elif action == "async-agree":
             from clustertrain.core.errors import RunDirError
 
-            mgr = manager(Path(args[0]), "fsdp", writer=FullWriter)
+            mgr = manager(Path(args[0]), "fsdp", writer=lambda path: FullWriter(str(path)))
             model, opt = build("fsdp", seed=1)
             mgr.save(1, 16, app_state(model, opt, TrainState(1, 16)), async_save=True)
             if rank == 1:
@@ -227,6 +247,24 @@ def worker(out: Path, phases: list[str]) -> None:
                 train(model, opt, 1, seed=step)  # a training step: collectives a rank that left would break
                 time.sleep(0.1)
             report[phase] = {"failed_at": failed_at, "line": line, "seen": mine}
+            mgr.close()
+        elif action == "resume-count":  # three checkpoints at this world size, then a resume counted per rank
+            root = Path(args[0])
+            model, opt = build("fsdp", seed=1)
+            mgr = manager(root, "fsdp")
+            for step in (1, 2, 3):
+                train(model, opt, 1, seed=step)
+                mgr.save(step, 16 * step, app_state(model, opt, TrainState(step, 16 * step)), async_save=step > 1)
+            mgr.close()
+            dist.barrier()
+            fresh, fresh_opt = build("fsdp", seed=2)
+            ts = TrainState()
+            with FileOps(root) as ops:
+                loaded = manager(root, "fsdp").load_latest(app_state(fresh, fresh_opt, ts))
+            files = sum(1 for c in root.glob("step_*") for _ in c.iterdir())
+            report[phase] = {"counts": ops.counts, "files": files, "step": ts.step,
+                             "path": str(loaded.path), "diff": differences(full_state(model, opt),
+                                                                           full_state(fresh, fresh_opt))}
     (out / f"rank{rank}.json").write_text(json.dumps(report))
     if dist.is_initialized():
         dist.barrier()
@@ -313,6 +351,14 @@ def test_fsdp4_checkpoint_loads_into_one_plain_process(saved, tmp_path):
     assert rep["changed"] and rep["diff"] == [] and rep["train"] == {"step": 2, "consumed_samples": 32}
 
 
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie waiting for its reaper does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
 def test_sigkill_during_async_save_leaves_latest_at_the_previous_checkpoint(tmp_path):
     from clustertrain.core.checkpoint_format import find_latest, read_meta
     from clustertrain.train.checkpoint import clean_stale
@@ -327,9 +373,22 @@ def test_sigkill_during_async_save_leaves_latest_at_the_previous_checkpoint(tmp_
             time.sleep(0.1)
         time.sleep(0.5)  # both ranks are inside the slow write of step 2
         assert (root / ".tmp-step_00000002").is_dir() and not (root / "step_00000002").exists()
+        writers = [json.loads((out / f"rank{r}.json").read_text())[f"async-kill:{root}"]["writer_pid"]
+                   for r in range(2)]
+        assert all(alive(pid) for pid in writers)  # each rank's writer process, inside its slow write
+        for p in procs:  # SIGKILL the ranks alone: their writer processes must follow, not finish the write
+            os.kill(p.pid, signal.SIGKILL)
+            p.wait()
+        deadline = time.time() + 5
+        while any(alive(pid) for pid in writers) and time.time() < deadline:
+            time.sleep(0.05)
+        assert not any(alive(pid) for pid in writers), "a writer process outlived its SIGKILLed rank"
     finally:
         for p in procs:
-            os.killpg(p.pid, signal.SIGKILL)
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             p.wait()
     first = json.loads((out / "rank0.json").read_text())[f"async-kill:{root}"]
     assert first["committed"] == str(root / "step_00000001")
@@ -358,3 +417,23 @@ def test_an_async_save_fails_on_every_rank_at_the_same_step(tmp_path):
     for rep in reports:
         assert rep["line"].startswith(f"checkpoint step 1 was not saved in {root}: the file system is full"), rep
     assert not (root / ".tmp-step_00000001").exists() and not (root / "latest").exists()
+
+
+def test_rank_0_alone_reads_the_checkpoints_at_resume(tmp_path):
+    """Resume at 4 ranks from three checkpoints: rank 0 checks ownership and every file's size (its stats grow with
+    the files); every other rank touches only what DCP's load reads — ``.metadata`` and the data files holding its
+    shards — a count that does not grow with the run's checkpoints or their files."""
+    root = tmp_path / "ckpt"
+    reports = [r[f"resume-count:{root}"] for r in run_ranks(4, tmp_path / "out", f"resume-count:{root}")]
+    files = reports[0]["files"]  # 3 checkpoints x (4 .distcp + .metadata + meta.json)
+    assert files == 18
+    for r, rep in enumerate(reports):
+        assert rep["step"] == 3 and rep["path"] == str(root / "step_00000003") and rep["diff"] == [], (r, rep)
+    zero = reports[0]["counts"]
+    assert zero["stat"] + zero["scandir"] + zero["listdir"] >= 3, zero  # rank 0 walks the checkpoints
+    for r, rep in enumerate(reports[1:], 1):
+        c = rep["counts"]
+        # DCP's load: .metadata plus the data files this rank's shards are in (its own, rank 0's for replicated
+        # entries) — no listing, no meta.json, nothing from the older checkpoints
+        assert c["listdir"] == c["scandir"] == 0 and c["stat"] <= 2 and c["open"] <= 4, (r, c)
+        assert sum(c.values()) < sum(zero.values()), (r, c, zero)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -48,10 +49,34 @@ def equal(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-class GateWriter(FileSystemWriter):
-    """Holds its data write until ``gate`` is set: an async save that stays in flight on demand."""
+class Gate:
+    """A gate between this process and the checkpoint writer process: open while its file exists."""
 
-    gate = threading.Event()
+    def __init__(self, path: Path):
+        self.path = path
+
+    def set(self) -> None:
+        self.path.touch()
+
+    def clear(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+    def wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not self.path.exists():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+
+class GateWriter(FileSystemWriter):
+    """Holds its data write until its gate is set: an async save that stays in flight on demand. Pickled to the
+    writer process (async saves), so the gate is a file."""
+
+    def __init__(self, path, gate: Gate):
+        super().__init__(path)
+        self.gate = gate
 
     def write_data(self, plan, planner):
         assert self.gate.wait(30)
@@ -95,18 +120,20 @@ def test_another_layout_loads_without_the_rng_streams(tmp_path):
 
 def test_async_save_commits_only_once_written_and_holds_the_values_at_save_time(tmp_path):
     model, opt = model_and_optim(0)
-    mgr = manager(tmp_path, writer=lambda p: GateWriter(str(p)))
-    GateWriter.gate.set()
+    gate = Gate(tmp_path.parent / f"{tmp_path.name}.gate")
+    mgr = manager(tmp_path, writer=lambda p: GateWriter(str(p), gate))
+    gate.set()
     first = mgr.save(1, 16, app_state(model, opt, TrainState(1, 16)))
-    GateWriter.gate.clear()
+    gate.clear()
     assert mgr.save(2, 32, app_state(model, opt, TrainState(2, 32)), async_save=True) is None
     want = snapshot(model, opt)
     model[1].weight.data.add_(1.0)  # training goes on while the save is in flight
     assert mgr.poll() is None
     assert find_latest(tmp_path) == first and (tmp_path / ".tmp-step_00000002").is_dir()
-    GateWriter.gate.set()
+    gate.set()
     assert mgr.wait() == tmp_path / "step_00000002" == find_latest(tmp_path)
     assert mgr.poll() is None and mgr.wait() is None  # nothing in flight any more
+    mgr.close()
 
     other, other_opt = model_and_optim(1)
     mgr.load(tmp_path / "step_00000002", app_state(other, other_opt, TrainState()))
@@ -115,18 +142,18 @@ def test_async_save_commits_only_once_written_and_holds_the_values_at_save_time(
 
 def test_next_save_waits_for_the_previous_one(tmp_path):
     model, opt = model_and_optim(0)
-    mgr = manager(tmp_path, writer=lambda p: GateWriter(str(p)))
-    GateWriter.gate.clear()
+    gate = Gate(tmp_path.parent / f"{tmp_path.name}.gate")
+    mgr = manager(tmp_path, writer=lambda p: GateWriter(str(p), gate))
     mgr.save(1, 16, app_state(model, opt, TrainState(1, 16)), async_save=True)
-    timer = threading.Timer(0.3, GateWriter.gate.set)
+    timer = threading.Timer(0.3, gate.set)
     timer.start()
     assert mgr.save(2, 32, app_state(model, opt, TrainState(2, 32))) == tmp_path / "step_00000002"
     timer.join()
     assert [p.name for p in complete_checkpoints(tmp_path)] == ["step_00000001", "step_00000002"]
     assert find_latest(tmp_path) == tmp_path / "step_00000002"
-    GateWriter.gate.clear()
+    gate.clear()
     mgr.save(3, 48, app_state(model, opt, TrainState(3, 48)), async_save=True)
-    threading.Timer(0.3, GateWriter.gate.set).start()
+    threading.Timer(0.3, gate.set).start()
     # an async save while one is in flight: waits for it and hands back its committed path
     assert mgr.save(4, 64, app_state(model, opt, TrainState(4, 64)), async_save=True) == tmp_path / "step_00000003"
     done = wait_for(mgr.poll, timeout=30)  # non-blocking: None until the write is done, then the committed path

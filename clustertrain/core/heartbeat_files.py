@@ -7,7 +7,8 @@ write: on Lustre that is one data RPC, not metadata operations)::
 
     {"version": 1, "rank": 3, "node": "node2", "host": "ip-10-0-1-23", "pid": 4242, "job": "42", "step": 120,
      "phase": "backward", "beat": 9876, "since": 1795000123.4, "alive": 1795000125.0, "step_time_s": 0.42,
-     "save_s": 12.3, "done": false}
+     "save_s": 12.3, "done": false, "device_step": 120, "device_phase": "forward", "device_beat": 9874,
+     "device_since": 1795000121.0}
 
 ``step`` is the step being trained (the last finished one + 1), ``phase`` what the rank does in it (:data:`PHASES`),
 ``beat`` counts the phases the rank has entered since it started: the ranks run the same program, so in lockstep
@@ -15,13 +16,18 @@ they pass the same beats, and a rank with a lower ``beat`` than its peers is *be
 began (the main thread's clock), ``alive`` when the beacon last wrote (the beacon thread: it keeps writing while
 the main thread is stuck in a collective, and stops when the process or its node is gone). ``step_time_s`` and
 ``save_s`` are the rank's latest mean step time and checkpoint save time (the watchdog derives its bounds from
-them). ``done``: the rank left training; its ``phase`` is then one of :data:`ENDINGS`. ``host`` is the machine's own host name (on ParallelCluster the
+them). ``device_*`` (a rank training on a GPU, :meth:`clustertrain.train.heartbeat_writer.Beacon.use_device`):
+where its *device* is — the last phase boundary (``device_phase`` of ``device_step``, entered at beat ``device_beat``)
+whose CUDA event the device has passed, and when the beacon saw it pass (``device_since``). The CPU queues kernels
+ahead of the device, so with CUDA the host's ``phase`` says where the CPU waits (often the same place on every rank:
+the next sync), while ``device_phase`` says where the GPU is; ``device_beat`` <= ``beat``, equal when the device has
+caught up. ``done``: the rank left training; its ``phase`` is then one of :data:`ENDINGS`. ``host`` is the machine's own host name (on ParallelCluster the
 instance's, e.g. ``ip-10-0-1-23``; the Slurm node name ``node`` is a slot another instance may take).
 
 ``heartbeat/request.json`` (:class:`Request`; written by the watchdog with :func:`write_atomic`): every rank's beacon
 reads it at each tick and acts on a request id it has not acted on: ``dump`` writes the rank's Python stacks (all
 threads, :mod:`faulthandler`) to ``<dir>/stacks/rank<R>.txt`` and, where torch's flight recorder is on
-(``TORCH_FR_BUFFER_SIZE``/``TORCH_NCCL_TRACE_BUFFER_SIZE`` > 0), its dump to ``<dir>/flight/rank<R>.json``;
+(``TORCH_FR_BUFFER_SIZE``/``TORCH_NCCL_TRACE_BUFFER_SIZE`` > 0), its dump to ``<dir>/flight/rank<R>`` (torch's pickle, what its analyser reads);
 ``exit`` then ends the process with ``exit_code`` (the main thread may be stuck inside a collective: only a
 thread of its own can end it)::
 
@@ -75,6 +81,11 @@ class Heartbeat(StoredModel):
     step_time_s: float | None = None
     save_s: float | None = None
     done: bool = False
+    # where the rank's GPU is (None: no CUDA device, or none of its marks passed yet): see the module docstring
+    device_step: int | None = None
+    device_phase: str | None = None
+    device_beat: int | None = None
+    device_since: float | None = None
 
     def encode(self) -> bytes:
         data = self.model_dump_json().encode("utf-8")

@@ -19,18 +19,26 @@ and the alarms, ``error`` where the run stopped or a GPU failed; ``gpu_temperatu
 ``gpu_xid``, ``sampler_failed`` (the sampler); ``hang``, ``rank_lost``, ``node_suspect`` (the watchdog,
 :mod:`clustertrain.monitor.hang_watchdog`).
 
-``timing/rank<R>.jsonl`` (each rank its own; :class:`TimingRow`): one line per logged step, the mean per step
-over the steps since the previous logged one::
+``timing/rank<R>.jsonl`` (each rank its own; :class:`TimingRow`, version 2): one line per logged step, the mean per
+step over the steps since the previous logged one (:class:`clustertrain.train.timing.StepTimer`)::
 
-    {"step": 120, "steps": 10, "rank": 3, "node": "node-2", "data_s": 0.412, "forward_s": 0.061,
-     "compute_s": 0.201, "comm_s": 0.004, "step_s": 0.63, "time": 1795000123.4}
+    {"version": 2, "step": 120, "steps": 10, "rank": 3, "node": "node-2", "data_s": 0.012, "forward_s": 0.061,
+     "backward_s": 0.122, "optimizer_s": 0.018, "comm_s": 0.004, "compute_s": 0.201, "step_s": 0.23,
+     "time": 1795000123.4}
 
-``data_s``: fetching the step's micro-batches (and copying them to the GPU); ``compute_s``: forward, backward
-and optimizer (the gradient collectives DDP/FSDP overlap with backward count here, so a rank that waits there
-for a slow peer shows it as compute); ``forward_s``: the forward passes alone (part of compute_s; the rank's own
-work, timed with CUDA events on a GPU: what the straggler rule compares); ``comm_s``: waiting in the loop's own
-collectives (the gradient-norm reduction under FSDP/TP, the metrics gather, the step-boundary stop check);
-``step_s``: the whole step.
+The parts (:data:`PARTS`): ``data_s`` fetching the step's micro-batches (and copying them to the GPU);
+``forward_s`` the forward passes (the rank's own work: what the straggler rule compares); ``backward_s`` the
+backward passes, with the gradient collectives DDP/FSDP overlap with them as far as they are not hidden (a rank that
+waits there for a slow peer shows it here); ``optimizer_s`` clipping and AdamW (the norm's own reduction is comm
+when the layout needs one); ``comm_s`` exposed communication: waiting in the loop's own collectives (the
+gradient-norm reduction under FSDP/TP/PP, the metrics gather, the step-boundary stop check); ``step_s`` the whole
+step. On a GPU every part is measured on the device's timeline with CUDA events (what the device spent between the
+part's marks, idle time waiting for the CPU included: the part's *exposed* time), so the parts add up to the step.
+``compute_s`` = forward + backward + optimizer, written for readers of version 1.
+
+Version 1 rows (no ``version`` field: before per-part timing) carry ``data_s``, ``forward_s``, ``compute_s`` (forward,
+backward and optimizer together) and ``comm_s``; they read as ``backward_s = compute_s - forward_s`` (backward and
+optimizer together) and ``optimizer_s = 0``.
 
 ``usage.json`` (:class:`Usage`; rank 0 writes it when the ranks start, at logged steps at most every 5 s, and when
 they end):
@@ -160,19 +168,32 @@ def read_events(paths: RunPaths) -> list[Event]:
 class TimingRow(StoredModel):
     """One rank's timing of one logged step (see the module docstring)."""
 
+    version: int = 1              # a row without the field was written before version 2
     step: int
     steps: int = 1
     rank: int
     node: str
     data_s: float
     forward_s: float = 0.0
-    compute_s: float
+    backward_s: float | None = None
+    optimizer_s: float | None = None
     comm_s: float
+    compute_s: float | None = None
     step_s: float
     time: float
 
+    def model_post_init(self, __context: Any) -> None:
+        if self.backward_s is None:  # version 1: compute held forward, backward and optimizer
+            self.backward_s = max(0.0, (self.compute_s or 0.0) - self.forward_s)
+        if self.optimizer_s is None:
+            self.optimizer_s = 0.0
+        if self.compute_s is None:
+            self.compute_s = self.forward_s + self.backward_s + self.optimizer_s
 
-PARTS = ("data", "compute", "comm")
+
+#: the parts of a step a rank's time is split into (``<part>_s`` fields of :class:`TimingRow`), in step order
+PARTS = ("data", "forward", "backward", "optimizer", "comm")
+TIMING_VERSION = 2
 
 
 def read_timing(paths: RunPaths) -> dict[int, list[TimingRow]]:

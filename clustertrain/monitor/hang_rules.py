@@ -11,6 +11,13 @@ is the job hung, or has a rank vanished, and who is to blame?
   *behind* (stuck where the others wait for them); their nodes are blamed when they are not every node of the job.
   When every rank is at the same beat, none is behind (a collective that never completes: the network, NCCL, a
   stuck file system) and no node is blamed.
+* **On GPUs** the position that counts is the device's (``device_beat``/``device_phase``/``device_step`` of the
+  heartbeat, from CUDA events at the phase boundaries: :class:`clustertrain.train.heartbeat_writer.Beacon`). The CPU
+  queues kernels ahead of its GPU, so when a collective never completes every rank's CPU waits at the same sync and
+  the host beats are equal; the devices are not: the rank whose GPU is still in an earlier phase (a spinning kernel,
+  a slow forward) is the one the others' GPUs wait for in the collective, and it is blamed with its device's phase.
+  A rank without device fields (CPU, or no boundary passed yet) is judged by its host position. Progress is either
+  clock moving: a hang is neither the host nor the device of any rank entering a new phase for the bound.
 * A rank that never wrote a heartbeat is *missing*; past the ceiling since the watchdog started, that is a lost
   rank too (a node that never started it), blamed on the node Slurm placed it on when known.
 """
@@ -24,6 +31,11 @@ from clustertrain.core.heartbeat_files import Heartbeat
 
 #: phases the watchdog does not bound: rank 0 waiting for the last checkpoint's upload after training
 UNBOUNDED = ("upload",)
+#: how often the watchdog judges the heartbeats (:class:`clustertrain.monitor.hang_watchdog.Watchdog`)
+POLL_S = 2.0
+#: what the process-group timeout adds after the watchdog has collected its evidence: the CPU's lead over its GPU
+#: (NCCL times a collective from when the CPU queued it, the watchdog from when a device or host last moved) and slack
+PG_TIMEOUT_MARGIN_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -42,6 +54,46 @@ class Verdict:
     detected: float = 0.0         # when the verdict was reached (Unix seconds)
 
 
+@dataclass(frozen=True)
+class Position:
+    """Where a rank is in the program: its device's position when its heartbeat has one, else its host's."""
+
+    rank: int
+    beat: int
+    phase: str
+    step: int
+    since: float
+    device: bool  # from the device's events
+
+    @staticmethod
+    def of(b: Heartbeat) -> "Position":
+        if b.device_beat is not None and b.device_phase is not None:
+            return Position(b.rank, b.device_beat, b.device_phase, b.device_step or 0, b.device_since or b.since, True)
+        return Position(b.rank, b.beat, b.phase, b.step, b.since, False)
+
+
+def progress(b: Heartbeat) -> float:
+    """When the rank last entered a phase, on its host or on its device."""
+    return max(b.since, b.device_since or 0.0)
+
+
+def evidence_wait_s(config: MonitorConfig) -> float:
+    """How long the watchdog waits for the ranks' stacks and flight recorder dumps (and, again, for them to exit)."""
+    return 2 * config.heartbeat_s + 10
+
+
+def process_group_timeout_s(config: MonitorConfig) -> float:
+    """The process-group timeout of the ranks (``init_process_group(timeout=...)``): NCCL's own watchdog ends a rank
+    whose collective outlives it, so it must not fire before this watchdog has judged the hang and collected every
+    rank's stack and flight recorder dump. The longest a hang goes unjudged is the ceiling of the bound
+    (``hang_ceiling_s``), plus one heartbeat (a device's progress is seen at the beacon's next tick), plus one poll
+    (:data:`POLL_S`); then the evidence wait and the exit wait (:func:`evidence_wait_s` each), plus
+    :data:`PG_TIMEOUT_MARGIN_S`. At the defaults (ceiling 900 s, heartbeat 5 s): 900 + 5 + 2 + 2 x 20 + 120 = 1067 s,
+    against torch's 600 s default, which killed the ranks of a first-step hang before the watchdog's 900 s."""
+    return (config.hang_ceiling_s + config.heartbeat_s + POLL_S + 2 * evidence_wait_s(config)
+            + PG_TIMEOUT_MARGIN_S)
+
+
 def dead_after(config: MonitorConfig) -> float:
     """Seconds without a write after which a rank's beacon is taken for gone."""
     return 3 * config.heartbeat_s + 5
@@ -50,7 +102,7 @@ def dead_after(config: MonitorConfig) -> float:
 def bound(beats: list[Heartbeat], config: MonitorConfig) -> tuple[float, str]:
     """(seconds without progress that make a hang, what they were derived from) for the live ranks ``beats``."""
     floor, ceiling, k = config.hang_floor_s, config.hang_ceiling_s, config.hang_step_factor
-    if any(b.phase == "checkpoint" for b in beats):
+    if any("checkpoint" in (b.phase, b.device_phase) for b in beats):
         saves = [b.save_s for b in beats if b.save_s]
         if not saves:
             return ceiling, "the ceiling (no checkpoint save measured yet)"
@@ -73,6 +125,14 @@ def _blame(nodes: list[str], all_nodes: set[str]) -> list[str]:
     """Blame ``nodes`` only when they are not every node of the job (then the cause is no one node)."""
     nodes = [n for n in nodes if n != "?"]
     return nodes if nodes and set(nodes) < all_nodes else []
+
+
+def blame_ranks(beats: dict[int, Heartbeat], ranks: list[int], expected: dict[int, str] | None = None) -> list[str]:
+    """The nodes to blame for ``ranks`` (named by other evidence: the flight recorder), by the same rule as a
+    verdict's: not when they are every node of the job."""
+    expected = expected or {}
+    all_nodes = {b.node for b in beats.values()} | set(expected.values())
+    return _blame(_nodes_of(beats, ranks, expected), all_nodes)
 
 
 def judge(beats: dict[int, Heartbeat], world_size: int, now: float, config: MonitorConfig, since: float,
@@ -115,24 +175,31 @@ def _judge(beats: dict[int, Heartbeat], world_size: int, now: float, config: Mon
     if not watched:
         return None
     limit, why = bound(watched, config)
-    waited = now - max(b.since for b in watched)
+    waited = now - max(progress(b) for b in watched)
     if waited <= limit:
         return None
-    low, high = min(b.beat for b in watched), max(b.beat for b in watched)
-    behind = sorted(b.rank for b in watched if b.beat == low) if low < high else []
+    at = {b.rank: Position.of(b) for b in watched}
+    low, high = min(p.beat for p in at.values()), max(p.beat for p in at.values())
+    behind = sorted(r for r, p in at.items() if p.beat == low) if low < high else []
     if behind:
-        first = live[behind[0]]
+        first = at[behind[0]]
         nodes = _nodes_of(live, behind, expected)
-        others = [b for b in watched if b.beat != low]
-        where = sorted({f"{b.phase} of step {b.step}" for b in others})
-        wait = "the other rank waits" if len(others) == 1 else f"the other {len(others)} ranks wait"
+        others = [p for p in at.values() if p.beat != low]
+        where = sorted({f"{p.phase} of step {p.step}" for p in others})
+        gpus = all(p.device for p in others)  # the others' devices wait: say so
+        if len(others) == 1:
+            waits = "the other rank's GPU waits" if gpus else "the other rank waits"
+        else:
+            waits = f"the other {len(others)} ranks' GPUs wait" if gpus else f"the other {len(others)} ranks wait"
+        on = " on its GPU" if first.device else ""
         message = (f"{_ranks(behind)} on {', '.join(nodes)} {'is' if len(behind) == 1 else 'are'} stuck in "
-                   f"{first.phase} of step {first.step} for {now - first.since:.0f} s (bound {limit:.0f} s: {why}); "
-                   f"{wait} in {', '.join(where)}")
+                   f"{first.phase} of step {first.step}{on} for {now - first.since:.0f} s (bound {limit:.0f} s: {why}); "
+                   f"{waits} in {', '.join(where)}")
         return Verdict("hang", message, first.step, first.phase, behind, _blame(nodes, all_nodes), waited, limit,
                        hosts)
-    first = watched[0]
-    message = (f"all {len(watched)} ranks stopped in {first.phase} of step {first.step} {waited:.0f} s ago (bound "
+    first = at[watched[0].rank]
+    on = " (their GPUs too)" if all(p.device for p in at.values()) else ""
+    message = (f"all {len(watched)} ranks stopped in {first.phase} of step {first.step}{on} {waited:.0f} s ago (bound "
                f"{limit:.0f} s: {why}), none behind the others: a collective that never completes (network, NCCL) "
                "or a stuck file system")
     return Verdict("hang", message, first.step, first.phase, [], [], waited, limit, hosts)

@@ -18,10 +18,21 @@ An incident, step by step (:meth:`Watchdog.handle`):
 
 ``incident.json``::
 
-    {"version": 1, "id": "20261123-101112", "time": 1795000200.0, "kind": "hang", "job": "42",
-     "message": "rank 1 on node2 is stuck in collective of step 7 for 41 s (bound 30 s: ...); ...",
-     "step": 7, "phase": "collective", "ranks": [1], "nodes": ["node2"], "waited_s": 41.2, "bound_s": 30.0,
-     "stacks": ["stacks/rank0.txt", "stacks/rank1.txt"], "missing_stacks": [], "flight": []}
+    {"version": 2, "id": "20261123-101112", "time": 1795000200.0, "kind": "hang", "job": "42",
+     "message": "rank 1 on node2 is stuck in forward of step 7 on its GPU for 41 s (bound 30 s: ...); ...",
+     "step": 7, "phase": "forward", "ranks": [1], "nodes": ["node2"], "waited_s": 41.2, "bound_s": 30.0,
+     "stacks": ["stacks/rank0.txt", "stacks/rank1.txt"], "missing_stacks": [],
+     "flight": {"files": ["flight/rank0", "flight/rank1"], "ranks": [1], "collective": "nccl:all_reduce",
+                "seq": 412, "group": "0:default_pg", "dumps": [0, 1], "error": ""}}
+
+``flight`` (version 2; version 1 had the list of files only): the flight recorder's dumps of the incident and what
+torch's analyser found in them (:mod:`clustertrain.monitor.flight`): ``ranks`` never joined ``collective`` number
+``seq`` of ``group``; null when no rank dumped one (the recorder off, or no collective recorded). The dumps are
+``flight/rank<R>`` (the beacons', at the dump request) or, where none is there, NCCL's own
+``RUN_DIR/flight/rank<R>`` written when a collective outlived the process-group timeout. When the heartbeats blamed
+no rank (every rank, host and GPU, stopped at the same place) and the analyser names ranks, those ranks and their
+nodes are the verdict's; the message ends with the analyser's one line (not when it could not read the dumps:
+then ``error`` says why).
 
 The verdict (Slurm): ``RUN_DIR/jobs/<job id>.verdict``, ``key=value`` lines like the end marker
 (:mod:`clustertrain.core.job_records`), written atomically when the watchdog ends; the batch script reads it with
@@ -45,12 +56,13 @@ import json
 import re
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 from clustertrain.monitor.config import MonitorConfig
-from clustertrain.monitor.hang_rules import Verdict, dead_after, judge
+from clustertrain.monitor.flight import FlightVerdict, analyse
+from clustertrain.monitor.hang_rules import POLL_S, Verdict, blame_ranks, dead_after, evidence_wait_s, judge
 from clustertrain.core.heartbeat_files import Request, read_heartbeats, write_request
 from clustertrain.core.run_events import Event, EventKind, Severity, append_event
 from clustertrain.monitor.suspects import add_suspect
@@ -70,6 +82,8 @@ class Incident:
     verdict: Verdict
     stacks: list[int] = field(default_factory=list)
     missing: list[int] = field(default_factory=list)
+    flight: FlightVerdict | None = None
+    flight_dir: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -113,7 +127,7 @@ class Watchdog:
 
     def __init__(self, paths: RunPaths, config: MonitorConfig, world_size: int, *, job: str | None = None,
                  model: str | None = None, suspects: Path | None = None, expected: dict[int, str] | None = None,
-                 poll_s: float = 2.0, log: Callable[[str], None] | None = None):
+                 poll_s: float = POLL_S, log: Callable[[str], None] | None = None):
         self.paths, self.config, self.world_size = paths, config, world_size
         self.job, self.model, self.suspects, self.expected = job, model, suspects, expected or {}
         self.poll_s = poll_s
@@ -146,6 +160,7 @@ class Watchdog:
         self.incident = incident
         write_request(self.paths, Request(id=stamp, dir=str(where), dump=True, exit=False))
         incident.stacks, incident.missing = self._wait_for_stacks(where)
+        self._read_flight(incident)
         self._record(incident)
         if self.verdict_file is not None:
             write_atomic(self.verdict_file, self.decide().text())
@@ -155,10 +170,28 @@ class Watchdog:
             self._wait_for_exit()
         return incident
 
+    def _read_flight(self, incident: Incident) -> None:
+        """torch's analyser over the ranks' flight recorder dumps (see the ``flight`` field); when the heartbeats
+        blamed no rank, the ranks that never joined the stuck collective are the verdict's."""
+        for where in (incident.dir / "flight", self.paths.root / "flight"):
+            found = analyse(where)
+            if found is not None:
+                incident.flight, incident.flight_dir = found, where
+                break
+        if incident.flight is None:
+            return
+        v, found = incident.verdict, incident.flight
+        self.log(found.summary())
+        update: dict = {} if found.error else {"message": f"{v.message}; {found.summary()}"}
+        if v.kind == "hang" and not v.ranks and found.ranks:
+            update.update(ranks=found.ranks, nodes=blame_ranks(read_heartbeats(self.paths), found.ranks, self.expected))
+        incident.verdict = replace(v, **update)
+
     def _wait_for_exit(self) -> None:
-        """Until no rank is alive any more (each left a last record or went quiet), at most ``2 x heartbeat_s + 10`` s:
-        whatever is still running then is stopped by the launcher or the batch script."""
-        deadline = time.time() + 2 * self.config.heartbeat_s + 10
+        """Until no rank is alive any more (each left a last record or went quiet), at most
+        :func:`~clustertrain.monitor.hang_rules.evidence_wait_s`: whatever is still running then is stopped by the
+        launcher or the batch script."""
+        deadline = time.time() + evidence_wait_s(self.config)
         while time.time() < deadline:
             beats = read_heartbeats(self.paths).values()
             if not any(not b.done and time.time() - b.alive <= 2 * self.config.heartbeat_s for b in beats):
@@ -166,7 +199,7 @@ class Watchdog:
             time.sleep(0.5)
 
     def _wait_for_stacks(self, where: Path) -> tuple[list[int], list[int]]:
-        deadline = time.time() + 2 * self.config.heartbeat_s + 10
+        deadline = time.time() + evidence_wait_s(self.config)
         while True:
             beats = read_heartbeats(self.paths)
             alive = [r for r, b in beats.items() if not b.done and time.time() - b.alive <= dead_after(self.config)]
@@ -177,8 +210,12 @@ class Watchdog:
 
     def _record(self, incident: Incident) -> None:
         v = incident.verdict
-        flight = sorted(str(p.relative_to(incident.dir)) for p in (incident.dir / "flight").glob("rank*.json"))
-        record = {"version": 1, "id": incident.id, "time": time.time(), "detected": v.detected, "kind": v.kind,
+        flight = None
+        if incident.flight is not None and incident.flight_dir is not None:
+            files = sorted(incident.flight_dir / f"rank{r}" for r in incident.flight.dumps)
+            flight = {"files": [str(p.relative_to(incident.dir)) if p.is_relative_to(incident.dir) else str(p)
+                                for p in files], **incident.flight.to_dict()}
+        record = {"version": 2, "id": incident.id, "time": time.time(), "detected": v.detected, "kind": v.kind,
                   "job": self.job,
                   "message": v.message, "step": v.step, "phase": v.phase, "ranks": v.ranks, "nodes": v.nodes,
                   "waited_s": round(v.waited_s, 1), "bound_s": round(v.bound_s, 1),

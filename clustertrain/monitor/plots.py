@@ -208,7 +208,7 @@ def _spread(values: Sequence[float]) -> float:
 
 
 def ranks_figure(timing: dict[int, list[TimingRow]], slowest: int | None, nodes: dict[int, str]) -> Plot | None:
-    """Data, compute and comm seconds per step of every rank (one line each when few, else the min-max band and the
+    """Seconds per step of every rank in each part (:data:`PARTS`: data, forward, backward, optimizer, comm; one line each when few, else the min-max band and the
     median), the slowest rank drawn in red; None without timing rows."""
     if not timing:
         return None
@@ -239,7 +239,7 @@ def ranks_figure(timing: dict[int, list[TimingRow]], slowest: int | None, nodes:
         ax.set_title(f"{part} s/step", fontsize=9)
         ax.set_xlabel("step", fontsize=8)
         ax.legend(fontsize=7, loc="best")
-    return Plot("ranks", "Per-rank step time: data / compute / comm", _png(fig), WIDTH, HEIGHT)
+    return Plot("ranks", "Per-rank step time: " + " / ".join(PARTS), _png(fig), WIDTH, HEIGHT)
 
 
 @dataclass(frozen=True)

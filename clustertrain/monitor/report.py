@@ -192,7 +192,7 @@ def _ratio(measured: float | None, planned: float | None) -> str:
 
 def slowest_rank(timing: dict[int, list[TimingRow]], metrics: list[dict[str, Any]]) -> int | None:
     """The rank rank 0 named most often in ``slowest_rank`` of its metrics rows; without those, the rank whose mean
-    data, compute or comm time is the largest multiple of the median over ranks."""
+    time in a part (:data:`~clustertrain.core.run_events.PARTS`) is the largest multiple of the median over ranks."""
     named = Counter(r["slowest_rank"] for r in metrics if isinstance(r.get("slowest_rank"), int))
     if named:
         return named.most_common(1)[0][0]

@@ -79,15 +79,22 @@ class ThroughputDrop:
 
 @dataclass(frozen=True)
 class RankTiming:
-    """One rank's mean time per step over a logged interval (what rank 0 gathers)."""
+    """One rank's mean time per step over a logged interval (what rank 0 gathers): the parts of
+    :data:`clustertrain.core.run_events.PARTS`, then the whole step."""
 
     rank: int
     node: str
     data_s: float
     forward_s: float
-    compute_s: float
+    backward_s: float
+    optimizer_s: float
     comm_s: float
     step_s: float
+
+    @property
+    def compute_s(self) -> float:
+        """forward + backward + optimizer."""
+        return self.forward_s + self.backward_s + self.optimizer_s
 
     def part(self, name: str) -> float:
         """The time that measures part ``name`` (see OWN_PARTS)."""

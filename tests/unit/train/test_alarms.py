@@ -7,9 +7,9 @@ from clustertrain.monitor.config import MonitorConfig
 
 
 def timings(data: list[float], forward: list[float], step_s: float = 0.5) -> list[RankTiming]:
-    """Ranks whose backward (compute_s) holds the wait for the slowest one, as under DDP."""
+    """Ranks whose backward holds the wait for the slowest one, as under DDP."""
     own = [d + f for d, f in zip(data, forward)]
-    return [RankTiming(r, f"node-{r // 2}", d, f, 3 * f + max(own) - own[r], 0.01, step_s)
+    return [RankTiming(r, f"node-{r // 2}", d, f, 2 * f + max(own) - own[r], 0.0, 0.01, step_s)
             for r, (d, f) in enumerate(zip(data, forward))]
 
 

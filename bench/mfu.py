@@ -5,15 +5,16 @@
 Needs a CUDA GPU (on a machine without one it says so in one line and exits 2; ``--device cpu`` with a tiny
 ``--layers/--hidden/--seq-len`` only checks that the script runs, with no MFU and no memory figures). The model is a 1.3B GPT
 (24 x 2048, 16 heads, seq 2048, vocab 32000, GELU, tied embeddings; ``--layers/--hidden/...`` change it)
-in bf16 compute over fp32 master weights, on random tokens (the data loader is not what is measured).
+in bf16 compute over fp32 master weights, on random tokens written as an MMIDIDX dataset and read on both sides
+through the trainer's data path (``clustertrain.train.feed.BatchFeed`` over ``GPTSamples``: memory-mapped, pinned,
+prefetched one micro-batch ahead on a copy stream).
 
 trainer  ``clustertrain.train.parallel.build_parallel_model`` with the layout a one-GPU ``clustertrain run``
          resolves (``parallelism: {compile: true}``, param_dtype bf16 on GPU; one rank runs no process group,
          so neither DDP nor FSDP wraps the model: bf16 autocast, each block compiled), the trainer's
-         optimizer (``build_optimizer``: AdamW, fused, decay on matrices only) and the body of
-         ``Trainer._train_step``: ``forward_backward``, the grad-norm clip, the device-side non-finite check
-         (``NonFiniteSkip.record``), ``set_lr(lr_at(step))``,
-         ``step``, ``zero_grad``.
+         optimizer (``build_optimizer``: AdamW, fused, decay on matrices only) and the trainer's own step,
+         ``clustertrain.train.step.train_step``: ``forward_backward_step``, the grad-norm clip, the device-side
+         non-finite check (``NonFiniteSkip.record``), ``set_lr(lr_at(step))``, ``step``, ``zero_grad``.
 bare     the same ``GPT`` module (``clustertrain.train.model``), ``torch.compile`` of the whole model, bf16
          autocast, ``torch.optim.AdamW(fused=True)``, ``clip_grad_norm_(foreach=True)``: what one would write
          by hand for one GPU.
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import shutil
 import statistics
 import sys
@@ -61,12 +63,34 @@ def need_cuda(device: str) -> None:
         raise SystemExit(2)
 
 
-def batches(args, device):
+def dataset(args, where: Path) -> str:
+    """An MMIDIDX dataset of random tokens under ``where`` (the format ``data prepare`` writes), big enough for the
+    run's steps: both sides read it through the trainer's data path."""
+    import numpy as np
+
+    from clustertrain.data.indexed import IndexedWriter
+
+    prefix = where / "bench-tokens"
+    need = (args.steps + args.warmup + 8) * args.micro_batch * (args.seq_len + 1) * 2
+    rng = np.random.default_rng(0)
+    writer = IndexedWriter(prefix, np.uint16)
+    for _ in range(need // 4096 + 1):
+        writer.add_document(rng.integers(0, VOCAB, 4096, dtype=np.uint16))
+    writer.finalize()
+    return str(prefix)
+
+
+def feed(args, device, prefix: str):
+    """The trainer's data path (:class:`clustertrain.train.feed.BatchFeed` over ``GPTSamples``): a memory-mapped
+    read, pinned, sent to the device on a copy stream one micro-batch ahead."""
     import torch
 
-    gen = torch.Generator(device=device).manual_seed(0)
-    return torch.randint(0, VOCAB, (args.steps + args.warmup, args.micro_batch, args.seq_len + 1), device=device,
-                         generator=gen)
+    from clustertrain.data import GPTSamples
+    from clustertrain.train.feed import BatchFeed
+
+    samples = GPTSamples(prefix, args.seq_len, seed=1, vocab_size=VOCAB)
+    return BatchFeed(samples, global_batch=args.micro_batch, micro_batch=args.micro_batch, dp_rank=0, accum=1,
+                     device=torch.device(device))
 
 
 def sync(device) -> None:
@@ -76,19 +100,19 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed(step_fn, data, warmup: int, device) -> tuple[float, list[float]]:
+def timed(step_fn, steps: int, warmup: int, device) -> tuple[float, list[float]]:
     """Seconds per step over the timed steps (after ``warmup``), and each warm-up step's seconds."""
     warm = []
     for i in range(warmup):
         t0 = time.perf_counter()
-        step_fn(i, data[i])
+        step_fn(i)
         sync(device)
         warm.append(time.perf_counter() - t0)
     t0 = time.perf_counter()
-    for i in range(warmup, len(data)):
-        step_fn(i, data[i])
+    for i in range(warmup, steps):
+        step_fn(i)
     sync(device)
-    return (time.perf_counter() - t0) / (len(data) - warmup), warm
+    return (time.perf_counter() - t0) / (steps - warmup), warm
 
 
 def free(device) -> None:
@@ -102,7 +126,7 @@ def free(device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def run_bare(arch, args, device) -> dict:
+def run_bare(arch, args, device, prefix: str) -> dict:
     import torch
 
     from clustertrain.train.model import GPT, loss_fn
@@ -112,16 +136,18 @@ def run_bare(arch, args, device) -> dict:
         model = GPT(arch, VOCAB, seed=1)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     compiled = torch.compile(model)
+    data = feed(args, device, prefix)
 
-    def step(i, batch):
+    def step(i):
+        x, y = data.get(i, 0)
         with torch.autocast(device.type, dtype=torch.bfloat16):
-            loss = loss_fn(compiled(batch[:, :-1]), batch[:, 1:])
+            loss = loss_fn(compiled(x), y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    sec, warm = timed(step, batches(args, device), args.warmup, device)
+    sec, warm = timed(step, args.steps + args.warmup, args.warmup, device)
     out = {"step_s": sec, "compile_s": sum(warm)}
     del model, opt, compiled
     return out
@@ -142,63 +168,66 @@ def trainer_parts(arch, args, device):
     return layout, cfg, pm, build_optimizer(pm.model, cfg)
 
 
-def run_trainer(arch, args, device, ckpt_dir: Path | None = None) -> dict:
+def run_trainer(arch, args, device, prefix: str, ckpt_dir: Path | None = None) -> dict:
     import torch
 
-    from clustertrain.train.optim import NonFiniteSkip, lr_at, set_lr
+    from clustertrain.train.optim import NonFiniteSkip
+    from clustertrain.train.step import StepParts, train_step
 
     free(device)
     layout, cfg, pm, opt = trainer_parts(arch, args, device)
-    nonfinite = NonFiniteSkip(device)
+    parts = StepParts(pm, opt, NonFiniteSkip(device), cfg)
+    data = feed(args, device, prefix)
 
-    def step(i, batch):  # Trainer._train_step with accumulation 1
-        loss_sum = torch.zeros((), device=device)
-        loss_sum += pm.forward_backward(batch[:, :-1], batch[:, 1:], 1.0, sync=True)
-        grad_norm = pm.clip_grad_norm_(cfg.grad_clip)
-        nonfinite.record(i + 1, grad_norm, opt)  # the trainer's device-side non-finite check (no host sync)
-        set_lr(opt, lr_at(i, cfg))
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    def step(i):  # the trainer's step (accumulation 1) on the trainer's data path
+        train_step(parts, i, data.step_batches(i), 1.0)
 
     pm.train()
-    data = batches(args, device)
     free(device)
-    sec, warm = timed(step, data, args.warmup, device)
+    sec, warm = timed(step, args.steps + args.warmup, args.warmup, device)
     out = {"step_s": sec, "compile_s": sum(warm), "layout": layout}
     if device.type == "cuda":
         out |= {"allocated": torch.cuda.max_memory_allocated(device), "reserved": torch.cuda.max_memory_reserved(device)}
     if ckpt_dir is not None:
-        out |= checkpoint_stall(pm, opt, layout, step, data, ckpt_dir, device)
+        out |= checkpoint_stall(parts, layout, step, sec, ckpt_dir, device)
     del pm, opt
     return out
 
 
-def checkpoint_stall(pm, opt, layout, step, data, ckpt_dir: Path, device) -> dict:
-    """Two async saves as the trainer makes them; the second is the steady state (staging buffers reused)."""
+def checkpoint_stall(parts, layout, step, step_s: float, ckpt_dir: Path, device) -> dict:
+    """Async saves as the trainer makes them (``Trainer.__init__``: the writer process started ahead, overlapped
+    staging finished before the next optimizer step); the first allocates and pins the staging buffers, the later
+    ones are the steady state. The stall of a save is its call plus what the three steps after it took beyond three
+    normal steps (``step_s``): the overlapped copy must end before the next optimizer step."""
     from clustertrain.train.checkpoint import CheckpointManager
     from clustertrain.train.checkpoint_state import TrainState, app_state
 
     mgr = CheckpointManager(ckpt_dir, keep_last=1000, fingerprint="bench", project="bench", model_name="m", rank=0,
-                            world_size=1, layout=layout.to_dict())
+                            world_size=1, layout=layout.to_dict(), overlap_staging=True)
+    mgr.prepare_async()
+    parts.before_optimizer = mgr.staged
     stalls, during, write_s = [], [], []
     try:
-        for n in (1, 2):
+        for n in (1, 2, 3):
             sync(device)
             t0 = time.perf_counter()
-            mgr.save(n, 0, app_state(pm.model, opt, TrainState(n, 0)), async_save=True)
-            stalls.append(time.perf_counter() - t0)
+            mgr.save(n, 0, app_state(parts.pm.model, parts.optimizer, TrainState(n, 0)), async_save=True)
+            call = time.perf_counter() - t0
             t1 = time.perf_counter()
-            for i in range(3):  # steps while the write runs in the background thread
-                step(i, data[i])
+            for i in range(3):  # steps while the write runs in the writer process
+                step(i)
             sync(device)
             during.append((time.perf_counter() - t1) / 3)
+            stalls.append(call + max(0.0, 3 * (during[-1] - step_s)))
             mgr.wait()
             write_s.append(time.perf_counter() - t0)
             for old in ckpt_dir.glob("step_*"):
                 shutil.rmtree(old)
     finally:
         mgr.close()
-    return {"stall_first_s": stalls[0], "stall_s": stalls[1], "step_during_write_s": during[1], "save_s": write_s[1]}
+        parts.before_optimizer = None
+    return {"stall_first_s": stalls[0], "stall_s": min(stalls[1:]), "step_during_write_s": during[-1],
+            "save_s": write_s[-1]}
 
 
 def progress(line: str) -> None:
@@ -218,6 +247,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--dir", type=Path, default=None, help="where the checkpoint goes (default: a temp dir under .)")
     ap.add_argument("--no-checkpoint", action="store_true", help="skip the async-save stall")
+    ap.add_argument("--json", type=Path, default=None, help="also write the figures to this file (scripts/gpu-check.sh)")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                     help="cpu: only checks that the script runs (use tiny sizes; no MFU or memory figures)")
     args = ap.parse_args()
@@ -247,11 +277,12 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix=".bench-mfu-", dir=args.dir or Path.cwd()))
     bare, ours = [], []
     try:
+        prefix = dataset(args, base)
         for r in range(args.repeats):  # the trainer first: its memory is measured on an empty GPU
             last = r == args.repeats - 1 and not args.no_checkpoint
-            ours.append(run_trainer(arch, args, device, base / "ckpt" if last else None))
+            ours.append(run_trainer(arch, args, device, prefix, base / "ckpt" if last else None))
             progress(f"round {r + 1}: trainer {ours[-1]['step_s'] * 1e3:.1f} ms/step (warm-up {ours[-1]['compile_s']:.0f} s)")
-            bare.append(run_bare(arch, args, device))
+            bare.append(run_bare(arch, args, device, prefix))
             progress(f"round {r + 1}: bare {bare[-1]['step_s'] * 1e3:.1f} ms/step (warm-up {bare[-1]['compile_s']:.0f} s)")
     finally:
         shutil.rmtree(base, ignore_errors=True)
@@ -283,6 +314,15 @@ def main() -> None:
         print(f"async checkpoint: save call blocks {c['stall_s']:.2f} s (first save, allocating staging: "
               f"{c['stall_first_s']:.2f} s), whole save {c['save_s']:.1f} s; step {t:.3f} s, "
               f"{c['step_during_write_s']:.3f} s while writing; stall / step = {c['stall_s'] / t:.2f}   (target < 1)")
+    if args.json:
+        figures = {"device": name, "params": params, "micro_batch": args.micro_batch, "seq_len": args.seq_len,
+                   "steps": args.steps, "bare_step_s": b, "trainer_step_s": t, "trainer_over_bare": b / t,
+                   "trainer_mfu": fpt * tokens / t / peak if peak else None,
+                   "bare_mfu": fpt * tokens / b / peak if peak else None, "planned_bytes": est.total_bytes,
+                   "allocated_bytes": ours[0].get("allocated"), "reserved_bytes": ours[0].get("reserved")}
+        if not args.no_checkpoint:
+            figures |= {k: ours[-1][k] for k in ("stall_s", "stall_first_s", "save_s", "step_during_write_s")}
+        args.json.write_text(json.dumps(figures, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -94,6 +94,7 @@ def _train(project, entry, paths: RunPaths, env, stop, beacon) -> int:
             )
         device = torch.device("cuda", env.local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
+        beacon.use_device(device)  # the heartbeat says where the GPU is, not only the CPU (hang blame on GPUs)
         backend = "nccl"
     else:
         device = torch.device("cpu")
@@ -105,7 +106,10 @@ def _train(project, entry, paths: RunPaths, env, stop, beacon) -> int:
     if env.rank == 0:
         _log(f"rank 0: {cpus.describe()}")
     if env.world_size > 1:
-        init_process_group(env, backend)
+        from clustertrain.monitor.hang_rules import process_group_timeout_s
+
+        # NCCL's own timeout after the watchdog's longest bound and evidence wait; the flight recorder on
+        init_process_group(env, backend, process_group_timeout_s(project.monitor), run_dir=paths.root)
     # On an exception the group is left as it is (a barrier would wait for peers that are stuck in
     # a collective); the process exits non-zero and the launcher (or srun --kill-on-bad-exit) stops the rest.
     injections = Injections.from_environ(env.rank)

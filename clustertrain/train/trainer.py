@@ -1,10 +1,17 @@
-"""The training loop of one rank: the layout's parallel model (:mod:`clustertrain.train.parallel`),
-grad accumulation, clipping, the learning-rate schedule, checkpoints (sync or async), metrics, per-rank
-step timing (:mod:`clustertrain.train.timing`), alarms and the run's own state (:mod:`clustertrain.train.run_recorder`)
-and a graceful stop. A non-finite gradient norm (or logged loss) stops every rank at that step, before the
-optimizer applies it and without saving it. Started by :func:`clustertrain.train.entry.main`. The loop does not know which
-parallelisms are on: it asks the :class:`~clustertrain.train.parallel.ParallelModel` for a
-micro-batch's forward/backward and the gradient norm."""
+"""The training loop of one rank, in the shape torchtitan's ``train.py`` has: a short step loop (:class:`Trainer`)
+over parts that each own one concern —
+
+- the data path: :class:`clustertrain.train.feed.BatchFeed` (micro-batches by step, prefetched on a GPU);
+- one optimizer step: :func:`clustertrain.train.step.train_step` (the layout's forward/backward from
+  :mod:`clustertrain.train.parallel`, clipping, the device-side non-finite skip, AdamW) — no host sync in it;
+- what the ranks agree on at a step boundary: :class:`clustertrain.train.control.Control` (stop, async commit);
+- checkpoints: :class:`clustertrain.train.checkpoint.CheckpointManager` (sync or async);
+- what watches the loop: :mod:`clustertrain.train.callbacks` (heartbeat, per-rank timing, the run's records and
+  alarms, metrics, backup) — a new concern is a new callback.
+
+A non-finite gradient norm (or logged loss) stops every rank at that step, before the optimizer applies it and
+without saving it. Started by :func:`clustertrain.train.entry.main`.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +19,8 @@ import math
 import os
 import sys
 import time
-from collections.abc import Sequence
 from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -30,8 +37,9 @@ from clustertrain.project import ModelEntry, Project, architecture_fingerprint
 from clustertrain.core.run_paths import RunPaths
 from clustertrain.core.run_records import RunStatus, mark_started, read_run_info, write_status_record
 from clustertrain.core.states import State
-from clustertrain.train.checkpoint_backup import CheckpointBackup, is_due
-from clustertrain.core.checkpoint_format import check_ownership, find_latest, read_meta
+from clustertrain.train import callbacks
+from clustertrain.train.checkpoint_backup import CheckpointBackup
+from clustertrain.core.checkpoint_format import find_latest, read_meta
 from clustertrain.train.checkpoint import CheckpointManager, clean_stale
 from clustertrain.core.ranks import RankInfo
 from clustertrain.train.heartbeat_writer import Beacon
@@ -39,11 +47,14 @@ from clustertrain.train.hooks import Injections
 from clustertrain.core.parallel_layout import LayoutError, ParallelLayout, resolve_layout
 from clustertrain.train.metrics import MetricsWriter, peak_flops_for
 from clustertrain.train.model import flops_per_token, padded_vocab
-from clustertrain.train.optim import NonFiniteSkip, build_optimizer, lr_at, set_lr
+from clustertrain.train.control import Control
+from clustertrain.train.feed import BatchFeed
+from clustertrain.train.optim import NonFiniteSkip, build_optimizer, lr_at
 from clustertrain.train.parallel import build_parallel_model
 from clustertrain.train.parallel.compile import check_compiler
 from clustertrain.train.signals import StopRequest
 from clustertrain.train.checkpoint_state import TrainState, app_state
+from clustertrain.train.step import StepParts, train_step
 from clustertrain.train.timing import StepTimer
 from clustertrain.train.run_recorder import RunWatch, node_name
 
@@ -79,13 +90,24 @@ def layout_for(project: Project, entry: ModelEntry, world_size: int, on_gpu: boo
         raise ConfigError(f"models.{entry.name}.{e.field}: {e.message}") from None
 
 
+#: the heartbeat phase of each timed part
+PHASE_OF = {"data": "data", "forward": "forward", "backward": "backward", "optimizer": "optimizer",
+            "comm": "collective"}
+
+
 class Trainer:
+    """One rank's run of a model: set up (data, model, optimizer, checkpoints, resume) in ``__init__``, trained by
+    :meth:`fit`'s step loop. What watches the loop is a list of callbacks (:mod:`clustertrain.train.callbacks`); what
+    the ranks agree on at a step boundary is the control object (:mod:`clustertrain.train.control`); one step is
+    :func:`clustertrain.train.step.train_step`; the micro-batches come from :class:`clustertrain.train.feed.BatchFeed`."""
+
     def __init__(self, project: Project, entry: ModelEntry, paths: RunPaths, env: RankInfo, device: torch.device,
                  resume: bool = True, injections: Injections = Injections(), backup: CheckpointBackup | None = None,
-                 beacon: Beacon | None = None):
+                 beacon: Beacon | None = None, extra: Sequence[callbacks.Callback] = ()):
+        """``extra``: callbacks of the caller's, called after the trainer's own (:mod:`clustertrain.train.callbacks`)."""
         self.project, self.entry, self.paths, self.env, self.device = project, entry, paths, env, device
         self.cfg = cfg = entry.training
-        self.injections, self.backup, self.beacon = injections, backup, beacon
+        self.injections, self.backup = injections, backup
         self.layout = layout_for(project, entry, env.world_size, device.type == "cuda")
         self.dp_rank = self.layout.dp_rank(env.rank)
         self.accum = cfg.global_batch // (cfg.micro_batch * self.layout.dp)
@@ -94,7 +116,10 @@ class Trainer:
                 f"training.global_batch ({cfg.global_batch}) is not a multiple of micro_batch x dp "
                 f"({cfg.micro_batch} x {self.layout.dp}); change global_batch or micro_batch"
             )
-        self.samples = self._open_data()
+        samples = self._open_data()
+        self.feed = BatchFeed(samples, global_batch=cfg.global_batch, micro_batch=cfg.micro_batch,
+                              dp_rank=self.dp_rank, accum=self.accum, device=device,
+                              slow_data_s=injections.slow_data_s)
         vocab = padded_vocab(entry.model, self.tokenizer_vocab)
         if self.layout.compile:
             check_compiler(device, f"models.{entry.name}.parallelism.compile")
@@ -102,48 +127,46 @@ class Trainer:
         self.model = self.pm.model
         self.flops_per_token = flops_per_token(entry.model, self.pm.non_embedding_params)
         self.optimizer = build_optimizer(self.model, cfg)
-        self.nonfinite = NonFiniteSkip(device)
+        norm_part = "comm" if self.layout.fsdp or self.layout.tp > 1 or self.layout.pp > 1 else "optimizer"
+        self.parts = StepParts(self.pm, self.optimizer, NonFiniteSkip(device), cfg, norm_part=norm_part)
         # dropout streams per data-parallel rank: the ranks of a tensor-parallel group draw the same masks
         torch.manual_seed(cfg.seed + 1 + self.dp_rank)
         self.train_state = TrainState()
-        # The stop flag travels on its own CPU (gloo) group, asynchronously: each step boundary starts an
-        # all-reduce of this rank's flag and reads the one started a step earlier (long finished by then).
-        # Ranks therefore agree without a per-step synchronisation point, at the cost of one step of delay.
-        # (Async checkpoint saves run their background collectives on a gloo group of their own.)
-        self.ctrl = dist.new_group(backend="gloo") if dist.is_initialized() else None
-        self._stop_flag: torch.Tensor | None = None
-        self._stop_work = None
+        self.control = Control()
         self._save_started: dict[int, float] = {}  # step -> when its save began (rank 0: the save's duration)
+        # async saves are written by a process of each rank's own, their staging copy overlapped with the next
+        # step's forward and backward (done before its optimizer step): clustertrain.train.checkpoint_async
         self.ckpt = CheckpointManager(
             paths.checkpoints, cfg.keep_last, architecture_fingerprint(project, entry), project.name, entry.name,
-            env.rank, env.world_size, layout=self.layout.to_dict(),
-            protected=backup.protected if backup is not None else None,
+            env.rank, env.world_size, layout=self.layout.to_dict(), process_group=self.control.group,
+            protected=backup.protected if backup is not None else None, overlap_staging=cfg.async_checkpoint,
         )
+        if cfg.async_checkpoint:
+            self.ckpt.prepare_async()  # the writer starts in the background, not in the first save's stall
+        self.parts.before_optimizer = self.ckpt.staged
         if env.rank == 0:
             mark_started(paths)  # not completed until this run of the ranks says so (clustertrain.core.run_records)
             clean_stale(paths.checkpoints)
         if resume:
             self._resume()
-        self.metrics = (
-            MetricsWriter(paths.metrics, storage_layout(project).tensorboard_dir(entry.name) or paths.tensorboard, self.step)
-            if env.rank == 0 else None
-        )
         peak = peak_flops_for(torch.cuda.get_device_name(device) if device.type == "cuda" else None)
         self.peak_total = peak * env.world_size if peak else None
+        self.nodes = [str(n) for n in self.control.gather_objects(node_name())]  # every rank's node, by rank
         monitor = project.monitor
-        self.nodes = self._node_names()
-        self.timer = StepTimer(env.rank, self.nodes[env.rank], paths.rank_timing(env.rank) if monitor.enabled else None)
-        self._norm_part = "comm" if self.layout.fsdp or self.layout.tp > 1 or self.layout.pp > 1 else "compute"  # norms all-reduce
-        self.watch = (RunWatch(paths, monitor, self.nodes, env.world_size, env.world_size, self.step)
-                      if env.rank == 0 else None)
-
-    def _node_names(self) -> list[str]:
-        """Every rank's node, by rank (gathered once, on the CPU group)."""
-        if not dist.is_initialized():
-            return [node_name()]
-        names: list[str | None] = [None] * self.env.world_size
-        dist.all_gather_object(names, node_name(), group=self.ctrl)
-        return [str(n) for n in names]
+        self.timer = StepTimer(env.rank, self.nodes[env.rank], paths.rank_timing(env.rank) if monitor.enabled else None,
+                               device)
+        self.watch = (callbacks.Watch(RunWatch(paths, monitor, self.nodes, env.world_size, env.world_size, self.step),
+                                      monitor.enabled) if env.rank == 0 else None)
+        metrics = (MetricsWriter(paths.metrics, storage_layout(project).tensorboard_dir(entry.name) or paths.tensorboard,
+                                 self.step) if env.rank == 0 else None)
+        self.callbacks = callbacks.Callbacks(
+            callbacks.Heartbeat(beacon) if beacon is not None else None,
+            callbacks.Timing(self.timer),
+            self.watch,  # before Metrics: it adds the slowest rank and the spread to the row
+            callbacks.Metrics(metrics) if metrics is not None else None,
+            callbacks.Backup(backup, entry, cfg.max_steps) if backup is not None else None,
+            *extra,
+        )
 
     @property
     def step(self) -> int:
@@ -166,7 +189,7 @@ class Trainer:
         """Continue from the latest complete checkpoint, if there is one, in whatever layout it was written
         (DCP reshards): parameters, optimizer moments, step and data position exactly; the per-rank RNG
         streams only when the layout is unchanged (otherwise they restart from the seed and the step)."""
-        check_ownership(self.paths.checkpoints, self.ckpt.fingerprint, self.project.name, self.entry.name)
+        # rank 0 checks ownership and damage, once, and tells the others (a restart's stats are O(files), not O(ranks x files))
         loaded = self.ckpt.load_latest(app_state(self.model, self.optimizer, self.train_state))
         if loaded is None:
             return
@@ -177,157 +200,28 @@ class Trainer:
             log(self.env.rank, f"checkpoint layout differs from {self.layout.describe()}: resharded; RNG streams restart")
         log(self.env.rank, f"resumed from {loaded.path} (step {self.step})")
 
-    # ------------------------------------------------------------------
-    def _batch(self, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
-        cfg = self.cfg
-        start = self.step * cfg.global_batch + (self.dp_rank * self.accum + micro) * cfg.micro_batch
-        if self.injections.slow_data_s:
-            time.sleep(self.injections.slow_data_s)
-        data = torch.from_numpy(self.samples.batch(start, cfg.micro_batch))
-        if self.device.type == "cuda":
-            data = data.pin_memory().to(self.device, non_blocking=True)
-        return data[:, :-1], data[:, 1:]
-
-    def _timed_batch(self, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
-        self._phase("data")
-        with self.timer.part("data"):
-            return self._batch(micro)
-
-    def _phase(self, name: str) -> None:
-        if self.beacon is not None:
-            self.beacon.phase(name)
-
+    # -- the step -------------------------------------------------------------------------------------
     @contextmanager
-    def _forward(self) -> Iterator[None]:
-        """The forward pass: timed, and the heartbeat's phase is forward, then backward once it returns."""
-        self._phase("forward")
-        with self.timer.forward(self.device):
+    def part(self, name: str) -> Iterator[None]:
+        """A part of the step (:data:`clustertrain.train.timing.PARTS`): the heartbeat's phase, and its time."""
+        self.callbacks.phase(PHASE_OF[name])
+        with self.timer.part(name):
             yield
-        self._phase("backward")
 
     def _train_step(self) -> tuple[torch.Tensor, torch.Tensor]:
-        timer = self.timer
-        loss_sum = torch.zeros((), device=self.device)
         scale = float("nan") if self.injections.nan_at_step == self.step + 1 else 1.0 / self.accum
-        if self.layout.pp > 1:  # the schedule takes the step's micro-batches at once
-            self._phase("data")
-            with timer.part("data"):
-                batches: Sequence = [self._batch(micro) for micro in range(self.accum)]
-        else:  # read each micro-batch just before its forward pass
-            batches = _Lazy(self._timed_batch, self.accum)
-        loss_sum += self.pm.forward_backward_step(batches, scale, timed_forward=self._forward,
-                                                  timed_micro=lambda: timer.part("compute"))
-        self._phase("collective" if self._norm_part == "comm" else "optimizer")
-        with timer.part(self._norm_part):
-            grad_norm = self.pm.clip_grad_norm_(self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf"))
-        self._phase("optimizer")
-        with timer.part("compute"):
-            # the global norm, tested on the device: a non-finite step is skipped there, and every rank stops at
-            # the next log row or checkpoint naming it (check_finite) — no host sync between two forwards
-            self.nonfinite.record(self.step + 1, grad_norm, self.optimizer)
-            set_lr(self.optimizer, lr_at(self.step, self.cfg))
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-        return loss_sum, grad_norm
+        # a pipeline schedule takes the step's micro-batches at once; otherwise each is read at its turn
+        batches = self.feed.step_batches(self.step, self.part, lazy=self.layout.pp == 1)
+        return train_step(self.parts, self.step, batches, scale, self.part)
 
-    def _agree_stop(self, stop: StopRequest) -> bool:
-        """True when some rank had a stop request by the previous step boundary (the same answer on every rank).
-        The same collective carries each rank's finished async save: one that every rank had finished by the
-        previous boundary is committed here, at the same step on every rank (a rank that saw its own write fail
-        earlier than a peer would otherwise stop while that peer trains on into a dead collective)."""
-        if not dist.is_initialized():
-            self._committed(self.ckpt.poll())
-            return stop.requested
-        self._phase("collective")
-        with self.timer.part("comm"):
-            agreed, finished = self._finish_stop_check()
-        self._committed(self.ckpt.commit_finished(finished))
-        # [0]: 0 when this rank has a stop request; [1]: the step of its finished async save, else -1 (MIN: all agree)
-        self._stop_flag = torch.tensor([0 if stop.requested else 1, self.ckpt.finished_step()], dtype=torch.int32)
-        self._stop_work = dist.all_reduce(self._stop_flag, op=dist.ReduceOp.MIN, group=self.ctrl, async_op=True)
-        return agreed
-
-    def _finish_stop_check(self) -> tuple[bool, int]:
-        """The answer of the check in flight: (some rank asked to stop, the step of the async save every rank has
-        finished writing or -1)."""
-        if self._stop_work is None:
-            return False, -1
-        self._stop_work.wait()
-        self._stop_work = None
-        no_stop, finished = (int(v) for v in self._stop_flag.tolist())
-        return no_stop == 0, finished
-
-    def _check_finite(self) -> None:
+    def check_finite(self) -> None:
         """Raise NonFinite for the first step whose gradient norm was not finite (skipped on the device); a host
         sync, called where the loop syncs anyway: before a log row and before a checkpoint."""
-        bad = self.nonfinite.first()
+        bad = self.parts.nonfinite.first()
         if bad is not None:
             raise NonFinite(bad[0], "gradient norm", bad[1])
 
-    def _save(self, final: bool) -> None:
-        """Save at this step: asynchronously unless it is the run's last save (then wait, so it is committed)."""
-        self._check_finite()  # never save a state after a skipped step: the run stops at the step it names
-        self._phase("checkpoint")
-        started = time.perf_counter()
-        if self.env.rank == 0:  # only rank 0 commits, and so learns how long a save took
-            self._save_started[self.step] = time.time()
-        self._save_now(final)
-        if self.watch:
-            self.watch.stalled(time.perf_counter() - started)
-
-    def _save_now(self, final: bool) -> None:
-        self.train_state.consumed_samples = self.step * self.cfg.global_batch
-        if final:  # an async save still in flight is committed here, not inside the synchronous save that drops it
-            self._committed(self.ckpt.wait())
-        state = app_state(self.model, self.optimizer, self.train_state)
-        committed = self.ckpt.save(self.step, self.train_state.consumed_samples, state,
-                                   async_save=self.cfg.async_checkpoint and not final)
-        self._committed(committed)
-        if final:
-            self._committed(self.ckpt.wait())
-
-    def _committed(self, path: Path | None) -> None:
-        """A checkpoint that is now complete (rank 0): log it and hand it to the backup when due."""
-        if path is None:
-            return
-        self.saved = path
-        log(self.env.rank, f"saved checkpoint {path}")
-        step = read_meta(path).step
-        started = self._save_started.pop(step, None)
-        seconds = time.time() - started if started is not None else None
-        if seconds is not None and self.beacon is not None:
-            self.beacon.saved(seconds)
-        if self.watch:
-            self.watch.committed(step, path, seconds, self._stop_received if self._stopping else None)
-        if self.backup is not None and (step == self.cfg.max_steps or self._stopping or is_due(self.entry, step)):
-            self.backup.submit(path)
-
-    def _log_row(self, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float, step_time: float) -> None:
-        self._check_finite()
-        self._phase("collective")
-        with self.timer.part("comm"):  # counted in the next interval: this one's means travel in the gather
-            losses, timings = self.timer.gather(float(loss), self.ctrl, self.env.world_size)
-        mean_loss = sum(losses) / len(losses)  # every rank of a tensor-parallel group holds its dp rank's loss
-        if not math.isfinite(mean_loss):  # the same gathered value on every rank: they all stop here
-            raise NonFinite(self.step, "loss", mean_loss)
-        tps = self.cfg.global_batch * self.entry.model.seq_len / step_time
-        row = {
-            "step": self.step, "loss": round(mean_loss, 6), "lr": lr, "grad_norm": round(float(grad_norm), 6),
-            "tokens_per_s": round(tps, 1), "step_time_s": round(step_time, 5),
-            "mfu": round(self.flops_per_token * tps / self.peak_total, 4) if self.peak_total else None,
-            "tokens": self.step * self.cfg.global_batch * self.entry.model.seq_len, "time": time.time(),
-        }
-        if self.device.type == "cuda":  # for checking the planner's per-rank memory against real runs
-            row["mem_allocated_gib"] = round(torch.cuda.max_memory_allocated(self.device) / 2**30, 3)
-            row["mem_reserved_gib"] = round(torch.cuda.max_memory_reserved(self.device) / 2**30, 3)
-        if self.watch:
-            row.update(self.watch.logged(row, timings if self.project.monitor.enabled else []))
-        self.timer.log(self.step)
-        if self.metrics:
-            self.metrics.write(row)
-        log(self.env.rank, f"step {self.step}/{self.cfg.max_steps} loss {row['loss']:.4f} lr {lr:.2e} "
-                           f"grad_norm {row['grad_norm']:.3f} {tps:,.0f} tok/s")
-
+    # -- the loop -------------------------------------------------------------------------------------
     def fit(self, stop: StopRequest) -> Outcome:
         cfg, rank = self.cfg, self.env.rank
         log(rank, f"model {self.entry.name}: {self.pm.total_params:,} parameters, {self.env.world_size} rank(s) "
@@ -342,87 +236,156 @@ class Trainer:
         except NonFinite as e:
             raise TrainingError(self._diverged(e)) from None
         except BaseException as e:
-            if self.watch:
-                detail = str(e).splitlines()[0] if str(e) else ""
-                self.watch.fail(self.step, f"rank 0 failed at step {self.step + 1}: {type(e).__name__}"
-                                           + (f": {detail}" if detail else ""))
+            self._close_after_failure()
+            detail = str(e).splitlines()[0] if str(e) else ""
+            self.callbacks.failed(self.step, f"rank 0 failed at step {self.step + 1}: {type(e).__name__}"
+                                             + (f": {detail}" if detail else ""))
             raise
         finally:
-            self.timer.close()
+            self.callbacks.close()
 
-    def _diverged(self, e: NonFinite) -> str:
-        """Stop on a non-finite step: nothing of it is saved; an async save of an earlier step still in flight is
-        finished (it holds a good state). The one line names the step and the last good checkpoint."""
-        self._committed(self.ckpt.wait())
-        last = find_latest(self.paths.checkpoints)
-        where = (f"the last good checkpoint is {last} (step {read_meta(last).step}); resume from it (run the same "
-                 "command) with a lower training.lr or a training.grad_clip, or look at the data of that step"
-                 if last else "no checkpoint was written before it; lower training.lr or set training.grad_clip")
-        message = f"models.{self.entry.name}: {e}; stopped without saving it; {where}"
-        if self.watch:
-            self.watch.event(Event(kind=EventKind.NONFINITE, severity=Severity.ERROR, step=e.step, value=e.value,
-                                   message=message), echo=False)  # the entry point prints the error line
-            self.watch.fail(e.step, message)
-        return message
+    def _close_after_failure(self) -> None:
+        """Stop the checkpoint writer process (and pending deletes) of a failed run, committing an async save every
+        rank finished writing (DCP's write ends in a collective: its future resolves once all ranks' data is down);
+        never masks the failure."""
+        try:
+            self._committed(self.ckpt.close())
+        except BaseException as e:  # the failure being raised is the one to report
+            print(f"[clustertrain] rank {self.env.rank}: closing the checkpoints after the failure: {e}",
+                  file=sys.stderr, flush=True)
 
     def _fit(self, stop: StopRequest) -> Outcome:
-        cfg, rank = self.cfg, self.env.rank
+        cfg = self.cfg
         interval_time, interval_steps = 0.0, 0
-        try:
-            while self.step < cfg.max_steps:
-                t0 = time.perf_counter()
-                if self.beacon is not None:
-                    self.beacon.phase("data", step=self.step + 1)
-                if self.injections.fail_at_step is not None and self.step + 1 >= self.injections.fail_at_step:
-                    raise RuntimeError(f"injected failure at step {self.step + 1} (CLUSTERTRAIN_INJECT_FAILURE)")
-                if self.injections.hang_at_step == self.step + 1:
-                    self._hang()
-                lr = lr_at(self.step, cfg)
-                loss, grad_norm = self._train_step()
-                self.train_state.step += 1
-                if self.device.type == "cuda" and (self.step % cfg.log_every == 0):
-                    torch.cuda.synchronize(self.device)
-                interval_time += time.perf_counter() - t0
-                interval_steps += 1
-                self.timer.end_step(time.perf_counter() - t0)
-                if self.beacon is not None:
-                    self.beacon.step_done(time.perf_counter() - t0)
-                if self.watch:
-                    self.watch.stepped(self.step, interval_time / interval_steps)
-                if self.step % cfg.log_every == 0 or self.step in (1, cfg.max_steps):
-                    self._log_row(loss, grad_norm, lr, interval_time / interval_steps)
-                    interval_time, interval_steps = 0.0, 0
-                self._stopping = self._agree_stop(stop)  # also commits an async save every rank has written
-                if self._stopping and self._stop_received is None:
-                    self._stop_received = stop.received or time.time()  # a peer's signal: now is when rank 0 knew
-                    if self.watch:
-                        self.watch.stop_signal(self.step, stop.signal_name, self._stop_received)
-                final = self._stopping or self.step == cfg.max_steps
-                if final or self.step % cfg.checkpoint_every == 0:
-                    self._save(final)
-                if self._stopping and self.step < cfg.max_steps:  # at max_steps the run has completed, signal or not
-                    self._finish_stop_check()
-                    log(rank, f"stopped by {stop.signal_name or 'a peer rank'} after step {self.step}; "
-                              f"checkpoint saved to {self.saved}; re-run the same command to resume")
-                    if self.watch:
-                        self.watch.finish(State.STOPPED, self.step)
-                    return Outcome(State.STOPPED, self.step, self.saved, stop.signal_name,
-                                   stop_saved_s=self.watch.stop_saved_s if self.watch else None)
-        finally:
-            if self.metrics:
-                self.metrics.close()
-        self._finish_stop_check()  # every rank has one check in flight: settle it before the group goes away
-        self._committed(self.ckpt.wait())
+        while self.step < cfg.max_steps:
+            t0 = time.perf_counter()
+            self.callbacks.phase("data", step=self.step + 1)
+            self._inject()
+            lr = lr_at(self.step, cfg)
+            loss, grad_norm = self._train_step()
+            self.train_state.step += 1
+            if self.device.type == "cuda" and self.step % cfg.log_every == 0:
+                torch.cuda.synchronize(self.device)  # the interval's time is the device's
+            seconds = time.perf_counter() - t0
+            interval_time += seconds
+            interval_steps += 1
+            self.callbacks.step_done(self.step, seconds, interval_time / interval_steps)
+            if self.step % cfg.log_every == 0 or self.step in (1, cfg.max_steps):
+                self._log_row(loss, grad_norm, lr, interval_time / interval_steps)
+                interval_time, interval_steps = 0.0, 0
+            self._stopping = self._agree_stop(stop)  # also commits an async save every rank has written
+            if self._stopping and self._stop_received is None:
+                self._stop_received = stop.received or time.time()  # a peer's signal: now is when rank 0 knew
+                self.callbacks.stop_signal(self.step, stop.signal_name, self._stop_received)
+            final = self._stopping or self.step == cfg.max_steps
+            if final or self.step % cfg.checkpoint_every == 0:
+                self._save(final)
+            if self._stopping and self.step < cfg.max_steps:  # at max_steps the run has completed, signal or not
+                self.control.finish()
+                log(self.env.rank, f"stopped by {stop.signal_name or 'a peer rank'} after step {self.step}; "
+                                   f"checkpoint saved to {self.saved}; re-run the same command to resume")
+                self._committed(self.ckpt.close())  # committed already by the final save: stops the writer
+                self.callbacks.finished(State.STOPPED, self.step)
+                return Outcome(State.STOPPED, self.step, self.saved, stop.signal_name,
+                               stop_saved_s=self.watch.stop_saved_s if self.watch else None)
+        self.control.finish()  # every rank has one check in flight: settle it before the group goes away
+        self._committed(self.ckpt.close())  # and the writer process stops
         saved = self.saved
         if saved is None:
             saved = find_latest(self.paths.checkpoints)
             if saved is not None and self.backup is not None:  # resumed at max_steps: make sure the last one is copied
                 self.backup.submit(saved)
-        log(rank, f"training complete at step {self.step}; final checkpoint {saved}")
-        if self.watch:
-            self.watch.finish(State.COMPLETED, self.step)
+        log(self.env.rank, f"training complete at step {self.step}; final checkpoint {saved}")
+        self.callbacks.finished(State.COMPLETED, self.step)
         return Outcome(State.COMPLETED, self.step, saved)
 
+    def _agree_stop(self, stop: StopRequest) -> bool:
+        """True when some rank had a stop request by the previous step boundary (the same answer on every rank).
+        The same collective carries each rank's finished async save: one that every rank had finished by the
+        previous boundary is committed here, at the same step on every rank (a rank that saw its own write fail
+        earlier than a peer would otherwise stop while that peer trains on into a dead collective)."""
+        if not self.control.distributed:
+            self._committed(self.ckpt.poll())
+            return stop.requested
+        with self.part("comm"):
+            agreed, finished = self.control.finish()
+        self._committed(self.ckpt.commit_finished(finished))
+        self.control.start(stop.requested, self.ckpt.finished_step())
+        return agreed
+
+    def _log_row(self, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float, step_time: float) -> None:
+        self.check_finite()
+        with self.part("comm"):  # counted in the next interval: this one's means travel in the gather
+            losses, timings = self.timer.gather(float(loss), self.control.group, self.env.world_size)
+        mean_loss = sum(losses) / len(losses)  # every rank of a tensor-parallel group holds its dp rank's loss
+        if not math.isfinite(mean_loss):  # the same gathered value on every rank: they all stop here
+            raise NonFinite(self.step, "loss", mean_loss)
+        tps = self.cfg.global_batch * self.entry.model.seq_len / step_time
+        row = {
+            "step": self.step, "loss": round(mean_loss, 6), "lr": lr, "grad_norm": round(float(grad_norm), 6),
+            "tokens_per_s": round(tps, 1), "step_time_s": round(step_time, 5),
+            "mfu": round(self.flops_per_token * tps / self.peak_total, 4) if self.peak_total else None,
+            "tokens": self.step * self.cfg.global_batch * self.entry.model.seq_len, "time": time.time(),
+        }
+        if self.device.type == "cuda":  # for checking the planner's per-rank memory against real runs
+            row["mem_allocated_gib"] = round(torch.cuda.max_memory_allocated(self.device) / 2**30, 3)
+            row["mem_reserved_gib"] = round(torch.cuda.max_memory_reserved(self.device) / 2**30, 3)
+        self.callbacks.logged(row, timings)
+        log(self.env.rank, f"step {self.step}/{self.cfg.max_steps} loss {row['loss']:.4f} lr {lr:.2e} "
+                           f"grad_norm {row['grad_norm']:.3f} {tps:,.0f} tok/s")
+
+    # -- checkpoints ----------------------------------------------------------------------------------
+    def _save(self, final: bool) -> None:
+        """Save at this step: asynchronously unless it is the run's last save (then wait, so it is committed)."""
+        self.check_finite()  # never save a state after a skipped step: the run stops at the step it names
+        self.callbacks.phase("checkpoint")
+        started = time.perf_counter()
+        if self.env.rank == 0:  # only rank 0 commits, and so learns how long a save took
+            self._save_started[self.step] = time.time()
+        self.train_state.consumed_samples = self.step * self.cfg.global_batch
+        if final:  # an async save still in flight is committed here, not inside the synchronous save that drops it
+            self._committed(self.ckpt.wait())
+        state = app_state(self.model, self.optimizer, self.train_state)
+        self._committed(self.ckpt.save(self.step, self.train_state.consumed_samples, state,
+                                       async_save=self.cfg.async_checkpoint and not final))
+        if final:
+            self._committed(self.ckpt.wait())
+        self.callbacks.save_stalled(time.perf_counter() - started)
+
+    def _committed(self, path: Path | None) -> None:
+        """A checkpoint that is now complete (rank 0): log it and tell the callbacks (heartbeat, watch, backup)."""
+        if path is None:
+            return
+        self.saved = path
+        log(self.env.rank, f"saved checkpoint {path}")
+        step = read_meta(path).step
+        started = self._save_started.pop(step, None)
+        self.callbacks.committed(step, path, time.time() - started if started is not None else None,
+                                 self._stopping, self._stop_received)
+
+    # -- failures -------------------------------------------------------------------------------------
+    def _diverged(self, e: NonFinite) -> str:
+        """Stop on a non-finite step: nothing of it is saved; an async save of an earlier step still in flight is
+        finished (it holds a good state) and the writer process stopped. The one line names the step and the last good
+        checkpoint."""
+        self._committed(self.ckpt.close())
+        last = find_latest(self.paths.checkpoints)
+        where = (f"the last good checkpoint is {last} (step {read_meta(last).step}); resume from it (run the same "
+                 "command) with a lower training.lr or a training.grad_clip, or look at the data of that step"
+                 if last else "no checkpoint was written before it; lower training.lr or set training.grad_clip")
+        message = f"models.{self.entry.name}: {e}; stopped without saving it; {where}"
+        self.callbacks.event(Event(kind=EventKind.NONFINITE, severity=Severity.ERROR, step=e.step, value=e.value,
+                                   message=message))
+        self.callbacks.failed(e.step, message)
+        return message
+
+    def _inject(self) -> None:
+        """Fault injection at the start of a step (:mod:`clustertrain.train.hooks`)."""
+        step = self.step + 1
+        if self.injections.fail_at_step is not None and step >= self.injections.fail_at_step:
+            raise RuntimeError(f"injected failure at step {step} (CLUSTERTRAIN_INJECT_FAILURE)")
+        if self.injections.hang_at_step == step:
+            self._hang()
 
     def _hang(self) -> None:
         """CLUSTERTRAIN_INJECT_HANG: enter an all-reduce no peer joins (on the CPU group, at the start of a step: the
@@ -432,28 +395,13 @@ class Trainer:
         if marker.exists():
             return
         marker.touch()
-        self._phase("collective")
+        self.callbacks.phase("collective")
         print(f"[clustertrain] rank {self.env.rank}: injected hang at step {self.step + 1} (CLUSTERTRAIN_INJECT_HANG)",
               file=sys.stderr, flush=True)
-        if self.ctrl is not None:
-            dist.all_reduce(torch.zeros(1), group=self.ctrl)
+        if self.control.distributed:
+            dist.all_reduce(torch.zeros(1), group=self.control.group)
         while True:  # a single process, or the collective timed out: stay stuck all the same
             time.sleep(60)
-
-
-class _Lazy(Sequence):
-    """``count`` items, item ``i`` made by ``make(i)`` when it is asked for (a micro-batch read at its turn)."""
-
-    def __init__(self, make, count: int):
-        self.make, self.count = make, count
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __getitem__(self, i):
-        if not 0 <= i < self.count:
-            raise IndexError(i)
-        return self.make(i)
 
 
 def dataset_vocab(dataset: str, entry: ModelEntry) -> int:

@@ -4,45 +4,53 @@ unchanged — and so is every later step until the loop, at its next log row or 
 naming the step (end to end: tests/integration/train/test_monitoring.py, NaN injected at step 7).
 
 The sync count is structural, on CPU: every way Python reads a tensor's value onto the host (``item``, ``bool``,
-``float``, ``int``, ``tolist``) is patched to count while the trainer's own ``Trainer._train_step`` runs — from the
-first forward to the end of the optimizer step, i.e. everything between two forwards but the stop agreement, which
-reads a CPU (gloo) flag, not the device. On a GPU each of those reads is a device-to-host sync; none is left."""
+``float``, ``int``, ``tolist``) is patched to count while the trainer's own step (:func:`clustertrain.train.step.train_step`,
+with the read-ahead :class:`clustertrain.train.feed.BatchFeed`) runs — from the first forward to the end of the
+optimizer step, i.e. everything between two forwards but the stop agreement, which reads a CPU (gloo) flag, not the
+device. On a GPU each of those reads is a device-to-host sync; none is left."""
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from types import SimpleNamespace
 
-import pytest
+import numpy as np
 import torch
 
 from clustertrain.core.parallel_layout import resolve_layout
 from clustertrain.train.config import ArchConfig, ParallelismConfig, TrainingConfig
+from clustertrain.train.feed import BatchFeed
 from clustertrain.train.optim import NonFiniteSkip, build_optimizer
 from clustertrain.train.parallel import build_parallel_model
-from clustertrain.train.trainer import Trainer
+from clustertrain.train.step import StepParts, train_step
 
 ARCH = ArchConfig(layers=2, hidden=32, heads=4, seq_len=16, mlp="swiglu")
 CFG = TrainingConfig(max_steps=4, micro_batch=2, global_batch=4, lr=1e-2, min_lr=1e-3, warmup_steps=1)
 
 
+class Samples:
+    """An in-memory token array read as GPTSamples is (``batch(start, count)``: count rows of seq_len + 1 tokens)."""
+
+    def __init__(self):
+        self.tokens = np.random.default_rng(0).integers(0, 64, (64, ARCH.seq_len + 1), dtype=np.int64)
+
+    def batch(self, start: int, count: int) -> np.ndarray:
+        return self.tokens[start:start + count]
+
+
 def trainer_like(nan_at_step: int | None = None) -> SimpleNamespace:
-    """What ``Trainer._train_step`` reads of a trainer, with the real model, optimizer and skip."""
+    """The trainer's step (:func:`train_step`) with the real model, optimizer, skip and a read-ahead data feed."""
     layout = resolve_layout(ParallelismConfig(), 1, on_gpu=False)
     pm = build_parallel_model(ARCH, 64, layout, torch.device("cpu"), seed=1)
-    data = torch.randint(0, 64, (8, 2, ARCH.seq_len + 1), generator=torch.Generator().manual_seed(0))
-    t = SimpleNamespace(pm=pm, layout=layout, cfg=CFG, accum=2, device=torch.device("cpu"),
-                        optimizer=build_optimizer(pm.model, CFG), nonfinite=NonFiniteSkip(torch.device("cpu")),
-                        injections=SimpleNamespace(nan_at_step=nan_at_step), _norm_part="compute",
-                        timer=SimpleNamespace(part=lambda name: nullcontext()), _phase=lambda name: None,
-                        _forward=nullcontext, train_state=SimpleNamespace(step=0))
-    t.step = 0
-    t._batch = t._timed_batch = lambda micro: (data[2 * t.step + micro][:, :-1], data[2 * t.step + micro][:, 1:])
-    return t
+    parts = StepParts(pm, build_optimizer(pm.model, CFG), NonFiniteSkip(torch.device("cpu")), CFG)
+    feed = BatchFeed(Samples(), global_batch=4, micro_batch=2, dp_rank=0, accum=2, device=torch.device("cpu"),
+                     prefetch=True)
+    return SimpleNamespace(pm=pm, optimizer=parts.optimizer, nonfinite=parts.nonfinite, parts=parts, feed=feed,
+                           nan_at_step=nan_at_step, step=0)
 
 
 def run_step(t) -> None:
-    Trainer._train_step(t)
+    scale = float("nan") if t.nan_at_step == t.step + 1 else 0.5
+    train_step(t.parts, t.step, t.feed.step_batches(t.step), scale)
     t.step += 1
 
 

@@ -1,0 +1,103 @@
+"""The data path of one rank: which micro-batches it reads at a step, read one micro-batch ahead.
+
+Micro-batch ``m`` of step ``s`` (steps counted from 0) on data-parallel rank ``d`` is the ``micro_batch`` samples
+starting at ``s * global_batch + (d * accum + m) * micro_batch`` of :class:`clustertrain.data.GPTSamples` — a pure
+function of the step, so a resumed run reads exactly what the interrupted one would have.
+
+**Prefetch.** On a GPU the next micro-batch (the first of the next step after the last of this one) is read from
+the memory-mapped dataset, copied into pinned memory and sent to the device on a copy stream of its own
+(``non_blocking``) as soon as the current one is handed out, i.e. while the device still computes on the batches
+before it; the compute stream waits for the copy with ``wait_stream`` and the tensor is marked used there with
+``record_stream`` so the caching allocator does not reuse it early (the pattern of torch's
+``torch/utils/data/_utils/pin_memory.py`` plus ``torch.cuda.Stream``'s documented ``wait_stream``/``record_stream``
+rules in ``torch/cuda/streams.py`` and ``torch/_tensor_docs.py`` ``record_stream``). Nothing here reads the device
+back: the feed adds no host sync. On CPU there is no asynchrony to hide a read behind, so reads happen at their turn
+unless ``prefetch=True`` is asked for (tests do, to check that a read-ahead feed yields the same batches).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
+from typing import Callable
+
+import torch
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class BatchFeed:
+    """Micro-batches of one data-parallel rank, step by step (see the module doc)."""
+
+    def __init__(self, samples, *, global_batch: int, micro_batch: int, dp_rank: int, accum: int,
+                 device: torch.device, prefetch: bool | None = None, slow_data_s: float = 0.0):
+        self.samples, self.global_batch, self.micro_batch = samples, global_batch, micro_batch
+        self.dp_rank, self.accum, self.device, self.slow_data_s = dp_rank, accum, device, slow_data_s
+        self.prefetch = device.type == "cuda" if prefetch is None else prefetch
+        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._ahead: tuple[tuple[int, int], Batch] | None = None  # ((step, micro), batch) read ahead
+        self.reads: list[tuple[int, int]] = []  # (step, micro) in the order they were read (tests, bench)
+
+    def start(self, step: int, micro: int) -> int:
+        """The first sample of micro-batch ``micro`` of step ``step`` (0-based) on this rank."""
+        return step * self.global_batch + (self.dp_rank * self.accum + micro) * self.micro_batch
+
+    def _read(self, step: int, micro: int) -> Batch:
+        self.reads.append((step, micro))
+        if self.slow_data_s:
+            time.sleep(self.slow_data_s)
+        data = torch.from_numpy(self.samples.batch(self.start(step, micro), self.micro_batch))
+        if self._stream is not None:
+            data = data.pin_memory()
+            self._stream.wait_stream(torch.cuda.current_stream(self.device))  # the copy follows what came before
+            with torch.cuda.stream(self._stream):
+                data = data.to(self.device, non_blocking=True)
+        return data[:, :-1], data[:, 1:]
+
+    def get(self, step: int, micro: int) -> Batch:
+        """Micro-batch ``micro`` of ``step``, ready for the current stream; with prefetch on, the next one is
+        started before this returns."""
+        if self._ahead is not None and self._ahead[0] == (step, micro):
+            batch = self._ahead[1]
+        else:
+            batch = self._read(step, micro)
+        self._ahead = None
+        if self._stream is not None:
+            current = torch.cuda.current_stream(self.device)
+            current.wait_stream(self._stream)
+            for t in batch:
+                t.record_stream(current)
+        if self.prefetch:
+            nxt = (step, micro + 1) if micro + 1 < self.accum else (step + 1, 0)
+            self._ahead = (nxt, self._read(*nxt))
+        return batch
+
+    def step_batches(self, step: int, part: Callable[[str], AbstractContextManager] = lambda name: nullcontext(),
+                     lazy: bool = True) -> Sequence[Batch]:
+        """The ``accum`` micro-batches of ``step``: lazily (each read at its turn, timed as ``part("data")``) or,
+        ``lazy=False`` (a pipeline schedule takes them all at once), read now."""
+        if not lazy:
+            with part("data"):
+                return [self.get(step, m) for m in range(self.accum)]
+        return _Lazy(lambda m: _timed(part, lambda: self.get(step, m)), self.accum)
+
+
+def _timed(part, read):
+    with part("data"):
+        return read()
+
+
+class _Lazy(Sequence):
+    """``count`` items, item ``i`` made by ``make(i)`` when it is asked for (a micro-batch read at its turn)."""
+
+    def __init__(self, make, count: int):
+        self.make, self.count = make, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i):
+        if not 0 <= i < self.count:
+            raise IndexError(i)
+        return self.make(i)

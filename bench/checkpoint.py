@@ -16,7 +16,8 @@ the trainer does (DCP files, meta.json, renames, ``latest``; every file fsynced)
     process is started first (``prepare_async``, as the trainer does at start-up) and its start-up time
     printed; the first async save also allocates the staging buffers (reused after), so the steady-state
     figure is the median over later saves; the first is printed beside it. Target <= 0.1.
-(c) the same with overlapped staging (``overlap_staging``: the copy runs in the stager's thread while
+(c) the same with overlapped staging — what the trainer does (``Trainer`` sets ``overlap_staging`` with async
+    checkpoints) — (``overlap_staging``: the copy runs in the stager's thread while
     the next step's forward and backward would run; the trainer waits for it before the optimizer step):
     the stall is what ``save`` blocks; the copy's own time is printed beside it (hidden when a forward and
     backward take at least that long).

@@ -15,6 +15,10 @@ incident, or Slurm's attribution of the killed rank, and the batch script's resu
 next job's allocation (``usage.json`` attempt ``allocated``); start-up = allocation -> rank 0 ready to train
 (``started``: process start, rendezvous, data, model and the checkpoint load); first step = -> the first step after
 the restart (``first_step``). Targets (issue 18): detection <= 60 s, restart-to-first-step <= 2 x the cold start.
+
+Then (unless ``--no-restart-stats``) the restart's file-system metadata cost: bench/restart_stats.py counts each
+rank's opens, listings and stats during a resume at 2, 4 and 8 gloo ranks, rank 0 deciding (the current rule) against
+every rank checking (the old one), and extrapolates both to the flagship's 640 ranks (issue 38, item 5).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import argparse
 import json
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -112,6 +117,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--no-restart-stats", action="store_true",
+                        help="skip counting a resume's file-system operations per rank (bench/restart_stats.py)")
     args = parser.parse_args()
     from clustertrain.launch.slurm_cluster import LocalSlurmCluster
 
@@ -133,6 +140,9 @@ def main() -> int:
                       "start (target <= 2)")
         finally:
             cluster.down()
+    if not args.no_restart_stats:
+        print("\nrestart stats (bench/restart_stats.py):", flush=True)
+        return subprocess.run([sys.executable, str(ROOT / "bench" / "restart_stats.py")]).returncode
     return 0
 
 

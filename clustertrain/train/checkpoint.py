@@ -64,7 +64,9 @@ from clustertrain.core.checkpoint_format import (
 from clustertrain.core.errors import RunDirError
 from clustertrain.core.run_paths import fsync_dir, write_atomic
 from clustertrain.core.run_records import write_record
-from clustertrain.train.checkpoint_async import AsyncSaves, InFlight, WriterFactory, barrier, distributed, file_writer
+from clustertrain.train.checkpoint_async import (
+    AsyncSaves, InFlight, WriterFactory, barrier, distributed, file_writer, save_planner,
+)
 from clustertrain.train.checkpoint_failures import FULL_ERRNOS, describe_file_system, one_line, os_error, save_errors
 
 
@@ -151,8 +153,14 @@ class CheckpointManager:
     _deleter: Deleter = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._async = AsyncSaves(self.process_group, overlap=self.overlap_staging)
+        self._async = AsyncSaves(self.process_group, overlap=self.overlap_staging, lowest_rank=self.lowest_rank)
         self._deleter = Deleter()
+
+    @property
+    def lowest_rank(self) -> bool:
+        """Replicated entries written by the lowest rank holding them: in a sharded (FSDP) layout of several ranks
+        (:func:`clustertrain.train.checkpoint_async.save_planner`)."""
+        return self.world_size > 1 and (self.layout or {}).get("zero_stage") == 3
 
     def prepare_async(self) -> None:
         """Start this rank's checkpoint writer process in the background, so that the first async save does not wait
@@ -178,7 +186,8 @@ class CheckpointManager:
         barrier()
         if not async_save:
             try:
-                dcp.save(state, storage_writer=self.writer(tmp), no_dist=not distributed())
+                dcp.save(state, storage_writer=self.writer(tmp), planner=save_planner(self.lowest_rank),
+                         no_dist=not distributed())
             except save_errors() as e:  # every rank gets the same failure (DCP gathers them)
                 raise self._failed(step, tmp, e) from None
             if self.rank == 0:

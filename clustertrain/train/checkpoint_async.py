@@ -27,7 +27,9 @@ ourselves instead (:class:`WriterProcess`, :meth:`AsyncSaves.prepare`), so that:
   directory); torch's process only notices at its next pipe read;
 * it is **shut down** at :meth:`AsyncSaves.release` (``CheckpointManager.close``) and at interpreter exit
   (``atexit``, before multiprocessing's own handler that would SIGTERM it): ``TERMINATE`` on the pipe, join, then
-  SIGTERM/SIGKILL if it does not exit (a writer stuck in a collective of a failed run). No orphan, no hang at exit;
+  SIGKILL if it does not exit (a writer stuck in a collective of a failed run). No orphan, no hang at exit;
+* it **ignores the stop signals** (USR1, USR2, TERM, INT): Slurm delivers them to every process of the step, and
+  the rank's stop checkpoint needs its writer;
 * a single process (no process group) uses it too: a one-rank gloo world on ``127.0.0.1``, saves with ``no_dist``.
 
 The writers' gloo world connects lazily (``TORCH_GLOO_LAZY_INIT=1`` in the writer only): DCP's collectives there
@@ -73,7 +75,9 @@ so a writer class must be importable (module level).
 from __future__ import annotations
 
 import atexit
+import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -90,7 +94,7 @@ WriterFactory = Callable[[Path], "StorageWriter"]
 """Builds the DCP storage writer for one checkpoint directory (default :func:`file_writer`); the writer is pickled
 to the writer process, so its class must be importable (module level)."""
 
-#: seconds the writer process is given to leave after TERMINATE, then after SIGTERM
+#: seconds the writer process is given to leave after TERMINATE, then after SIGKILL
 SHUTDOWN_GRACE_S = 10.0
 
 
@@ -145,6 +149,19 @@ class InFlight:
     staged: Future | None = None  # overlapped staging: done once the state has been copied
 
 
+def save_planner(lowest_rank: bool, caching: bool = False):
+    """DCP's save planner (``default_planner.py``). ``lowest_rank``: every replicated entry is written by the lowest
+    rank that holds it (``dedup_save_to_lowest_rank``) instead of being spread over the ranks. With FSDP the
+    replicated entries are small (AdamW's ``step`` and the hyper-parameters, 12 per parameter tensor), and spread they
+    put a piece into every rank's file, so a resume opens every rank's file from every rank (ranks² opens at a
+    restart: bench/restart_stats.py); written by rank 0 they are read from its file alone. Not for replicated layouts
+    (DDP, or dp replicas of a pipeline stage or a tensor-parallel shard): there the replicated entries are the model,
+    and the lowest rank would write all of it."""
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+    return DefaultSavePlanner(enable_plan_caching=caching, dedup_save_to_lowest_rank=lowest_rank)
+
+
 @dataclass
 class AsyncSaves:
     """At most one async save in flight (:meth:`start`, :meth:`finished_step`, :meth:`take`), the writer process
@@ -155,6 +172,7 @@ class AsyncSaves:
 
     process_group: Any = None
     overlap: bool = False
+    lowest_rank: bool = False  # replicated entries written by the lowest rank holding them (:func:`save_planner`)
     _inflight: InFlight | None = field(default=None, init=False, repr=False)
     _stagers: dict[bool, Any] = field(default_factory=dict, init=False, repr=False)  # by ``overlap``
     _writer: WriterProcess | None = field(default=None, init=False, repr=False)
@@ -168,7 +186,6 @@ class AsyncSaves:
               final: Path, tmp: Path) -> None:
         """Stage ``state`` to CPU and start writing it into ``tmp`` in the writer process (the last save was taken)."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
         from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType, AsyncSaveResponse
 
         assert self._inflight is None, "take() the save in flight before starting another"
@@ -176,7 +193,7 @@ class AsyncSaves:
         self._writer.install()  # waits for the writer's start-up if it is still under way (the first save)
         response = dcp.async_save(state, storage_writer=writer, process_group=self.process_group,
                                   async_checkpointer_type=AsyncCheckpointerType.PROCESS,
-                                  planner=DefaultSavePlanner(enable_plan_caching=True),
+                                  planner=save_planner(self.lowest_rank, caching=True),
                                   async_stager=self._staging(), no_dist=not distributed())
         if isinstance(response, AsyncSaveResponse):
             self._inflight = InFlight(response.upload_completion, step, consumed_samples, final, tmp,
@@ -282,7 +299,8 @@ class WriterProcess:
         executor._CHECKPOINT_PROCESS = process
 
     def stop(self) -> None:
-        """TERMINATE, join; SIGTERM, then SIGKILL if it stays (a writer stuck in a collective of a failed run)."""
+        """TERMINATE, join; then SIGKILL if it stays (a writer stuck in a collective of a failed run; it ignores
+        SIGTERM, which is the rank's stop signal: :func:`writer_main`)."""
         if self._stopped:
             return
         self._stopped = True
@@ -290,9 +308,10 @@ class WriterProcess:
             WriterProcess._current = None
         try:
             process = self._ready.result(timeout=SHUTDOWN_GRACE_S)
-        except BaseException:  # noqa: BLE001 — never started, or still starting: nothing (else) to stop
+        except BaseException:  # noqa: BLE001 — never started, or still starting
             process = self._process
         if process is None:
+            _kill_starting_writers()
             return
         from torch.distributed.checkpoint import _async_process_executor as executor
 
@@ -304,13 +323,24 @@ class WriterProcess:
                 except OSError:
                     pass
                 child.join(SHUTDOWN_GRACE_S)
-            for signal_it in (child.terminate, child.kill):
-                if child.is_alive():
-                    signal_it()
-                    child.join(SHUTDOWN_GRACE_S)
+            if child.is_alive():
+                child.kill()
+                child.join(SHUTDOWN_GRACE_S)
         finally:
             if executor._CHECKPOINT_PROCESS is process:
                 executor._CHECKPOINT_PROCESS = None
+
+
+def _kill_starting_writers() -> None:
+    """Kill a writer that is still starting (torch's ``_AsyncCheckpointProcess.__init__`` has not returned: it waits
+    in the writers' start-up barrier for peers that may be gone). It ignores SIGTERM, so multiprocessing's exit
+    handler, which TERMs then joins without a limit, would wait for it forever (seen at 16 ranks under load)."""
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        if getattr(child, "_target", None) is writer_main:
+            child.kill()
+            child.join(SHUTDOWN_GRACE_S)
 
 
 def _terminate() -> Any:
@@ -354,6 +384,13 @@ def writer_main(info: Any, parent_conn: Any) -> None:
     from torch.distributed.checkpoint import _async_process_executor as executor
     from torch.distributed.checkpoint._async_process_executor import _AsyncCheckpointProcess
 
+    # The stop signals are the rank's: Slurm delivers the batch script's USR2 (and scancel's TERM, and a terminal's
+    # INT) to every process of the step, this one too, and by default they would end it — the rank's stop checkpoint
+    # then has no writer (a real failure on the local Slurm: "the checkpoint writer process exited (code -12)").
+    # The writer leaves when the rank tells it (TERMINATE), when the rank is gone (below) or on SIGKILL.
+    for name in ("SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT"):
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+    logging.getLogger("torch.distributed.device_mesh").setLevel(logging.ERROR)  # a warning per DTensor unpickled
     parent = os.getppid()
 
     def watch() -> None:

@@ -84,3 +84,21 @@ def test_a_kill_mid_delete_leaves_what_clean_stale_removes(tmp_path):
     assert [p.name for p in complete_checkpoints(tmp_path)] == ["step_00000001"]
     clean_stale(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_00000001"]
+
+
+def test_the_writer_outlives_the_stop_signals_slurm_sends_to_every_process_of_the_step(tmp_path):
+    """The batch script's USR2 (and scancel's TERM) reach every process of the step; the writer must live on to write
+    the rank's stop checkpoint (it died with code -12 on the local Slurm before it ignored them)."""
+    import signal
+
+    model, opt = model_and_optim(0)
+    mgr = manager(tmp_path)
+    mgr.prepare_async()
+    mgr.save(1, 16, app_state(model, opt, TrainState(1, 16)), async_save=True)
+    pid = mgr._async.writer_pid
+    for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        os.kill(pid, sig)
+    time.sleep(0.5)
+    assert alive(pid)
+    mgr.save(2, 32, app_state(model, opt, TrainState(2, 32)), async_save=True)
+    assert mgr.close() == tmp_path / "step_00000002" and not alive(pid)

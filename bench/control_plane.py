@@ -30,6 +30,37 @@ one group (the world only) and with two, and for the extra group alone; the pred
 its standard error (the parameters' covariance from the residual variance, plus one run's scatter). With 4 rank
 counts the quadratic term is poorly determined; the error says how poorly. These are measurements on one machine
 over loopback: on a cluster the per-pair connects run in parallel on separate nodes, while rank 0's TCPStore still serves every rank's lookups (n*(n-1) gets per full mesh).
+
+``--trainer``: the real trainer instead of the minimal rank.
+
+    flock /tmp/ct-heavy.lock .venv/bin/python bench/control_plane.py --trainer [--ranks 2 4 8 16] [--repeats 2]
+
+Each run is ``clustertrain run`` (a subprocess, as a user types it) on a tiny CPU project (the model of
+``tests/integration/train/conftest.py``'s TINY: 2 layers, hidden 64; ``cluster.procs_per_node`` = n,
+``threads_per_worker: 1``, micro_batch 2, global_batch 2n so that every rank does the same work at each size,
+``max_steps: 2``, no checkpoint before the end, the monitor on, ``async_checkpoint: false``). Without that last
+setting each rank also spawns its checkpoint writer process at start-up (:mod:`clustertrain.train.checkpoint_async`:
+another interpreter importing torch and joining a gloo world of the writers), which on a cluster runs beside its rank
+on the rank's own node but here doubles the load on 2 CPUs; a run of two steps never uses it (the last save of a run
+is synchronous). ``--async-writers`` keeps it on. The times come from the run's own record,
+``RUN_DIR/usage.json``'s attempt (:class:`clustertrain.core.run_events.Attempt`, written by
+:mod:`clustertrain.train.run_recorder`), against the bench's clock just before the subprocess starts:
+
+* ``cli``: launch -> ``allocated`` (the local launcher's time just before it starts the ranks): the CLI's imports,
+  loading the project, preparing the run directory.
+* ``ranks``: ``allocated`` -> ``started`` (rank 0 made its run record, the last thing the Trainer's constructor
+  does): every rank's interpreter and imports (torch), the rendezvous and gloo's full mesh for the default group
+  (on CPU ranks the trainer's control group, :mod:`clustertrain.train.control`), the synthetic data opened, the
+  model built and DDP's parameter broadcast, the gather of node names.
+* ``step``: ``started`` -> ``first_step`` (rank 0's first step finished: forward, backward, the gradient all_reduce,
+  the optimizer).
+* ``total``: launch -> first step; ``cpu/rank``: the CPU seconds of the whole run (every process, to its end) per
+  rank, from ``resource.getrusage(RUSAGE_CHILDREN)``: the work a cluster runs in parallel, one rank per core.
+
+Fits as above, per part and for the total. On this 2-CPU machine n ranks' imports and model builds run on 2 CPUs,
+so ``ranks`` grows linearly with n here; on a cluster each node does its own ranks' share in parallel and only the
+rendezvous through rank 0's TCPStore (its n clients, and the n*(n-1) lookups of gloo's full mesh) and the
+collectives grow with n.
 """
 
 from __future__ import annotations
@@ -37,6 +68,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
+import signal
+import subprocess
 import statistics
 import sys
 import tempfile
@@ -48,6 +82,20 @@ sys.path.insert(0, str(ROOT))
 
 PARTS = ("imported", "world", "aligned", "extra", "first")
 COLUMNS = ("imported", "world", "extra", "first", "c10d", "total")
+#: one `clustertrain run` of the tiny project (16 ranks take ~1 min here); past this it is killed
+RUN_TIMEOUT_S = 240
+TRAINER_COLUMNS = ("cli", "ranks", "step", "total", "cpu/rank")
+#: the tiny CPU project of tests/integration/train/conftest.py (TINY), sized per rank count
+TRAINER_PROJECT = """\
+name: ctrlplane
+cluster: {{backend: local, gpus_per_node: 0, procs_per_node: {n}, threads_per_worker: 1}}
+storage: {{root: {root}}}
+models:
+  - name: tiny
+    model: {{layers: 2, hidden: 64, heads: 4, seq_len: 64, dropout: 0.1}}
+    training: {{max_steps: 2, micro_batch: 2, global_batch: {batch}, lr: 3.0e-3, min_lr: 3.0e-4, warmup_steps: 1,
+               checkpoint_every: 1000, keep_last: 1, log_every: 1, seed: 7, async_checkpoint: {async_ckpt}}}
+"""
 
 
 def worker(out: Path, extra_groups: int) -> None:
@@ -102,6 +150,68 @@ def run_once(world: int, extra_groups: int, tmp: Path) -> dict[str, float]:
     return {**parts, "c10d": parts["world"] + parts["extra"] + parts["first"], "total": last["first"] - t_launch}
 
 
+def trainer_once(world: int, tmp: Path, async_ckpt: bool = False) -> dict[str, float]:
+    """One ``clustertrain run`` of the tiny project on ``world`` CPU ranks; its parts (seconds) from usage.json."""
+    from clustertrain.core.run_events import read_usage
+    from clustertrain.core.run_paths import RunPaths
+
+    tag = f"{world}-{time.monotonic_ns()}"
+    project = tmp / f"project-{tag}.yaml"
+    project.write_text(TRAINER_PROJECT.format(n=world, batch=2 * world, root=json.dumps(str(tmp / f"fsx-{tag}")),
+                                           async_ckpt=json.dumps(async_ckpt)))
+    run_dir = tmp / f"run-{tag}"
+    cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t_launch = time.time()
+    proc = subprocess.Popen([sys.executable, "-m", "clustertrain", "run", str(project), "--run-dir", str(run_dir)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the CLI's session; its ranks die with it (launch/local_ranks.py)
+        out, _ = proc.communicate()
+        raise SystemExit(f"{world} ranks: `clustertrain run` still running after {RUN_TIMEOUT_S} s (killed); "
+                         f"rank logs were in {run_dir / 'logs'}:\n{out[-2000:]}")
+    cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode:
+        raise SystemExit(f"{world} ranks: `clustertrain run` failed (exit {proc.returncode}):\n{out[-2000:]}")
+    attempts = read_usage(RunPaths(run_dir)).attempts
+    assert len(attempts) == 1 and attempts[0].world_size == world, attempts
+    a = attempts[0]
+    assert a.allocated is not None and a.first_step is not None, a  # the local launcher's start, the first step
+    cpu = (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime)
+    return {"cli": a.allocated - t_launch, "ranks": a.started - a.allocated, "step": a.first_step - a.started,
+            "total": a.first_step - t_launch, "cpu/rank": cpu / world}
+
+
+def trainer_main(args: argparse.Namespace) -> None:
+    results: dict[int, list[dict[str, float]]] = {}
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="ct-control-plane-trainer-") as tmp:
+        for _ in range(args.repeats):  # alternate sizes so that machine load hits them alike
+            for n in args.ranks:
+                results.setdefault(n, []).append(trainer_once(n, Path(tmp), args.async_writers))
+    print(f"trainer start-up to first step (`clustertrain run`, CPU gloo ranks, threads_per_worker 1, "
+          f"async_checkpoint {'on' if args.async_writers else 'off'}), "
+          f"{os.cpu_count()} CPUs, median of {args.repeats} (bench took {time.monotonic() - t0:.0f} s)")
+    print(f"  {'ranks':>5}  " + "  ".join(f"{c:>8}" for c in TRAINER_COLUMNS))
+    for n, runs in sorted(results.items()):
+        med = {k: statistics.median(r[k] for r in runs) for k in TRAINER_COLUMNS}
+        print(f"  {n:>5}  " + "  ".join(f"{med[c]:8.3f}" for c in TRAINER_COLUMNS))
+    print(f"fits over every run (least squares), extrapolated to {args.at} ranks:")
+    for part in ("total", "ranks", "cli", "step", "cpu/rank"):
+        ns = [n for n, runs in results.items() for _ in runs]
+        ts = [r[part] for runs in results.values() for r in runs]
+        for degree, name in ((1, "linear"), (2, "quadratic")):
+            if len(set(ns)) <= degree:
+                continue  # too few rank counts to fit this degree
+            coef, pred, se = fit(ns, ts, degree, args.at)
+            terms = " + ".join(f"{c:.3g}*n^{k}" if k else f"{c:.3g}" for k, c in enumerate(coef))
+            print(f"  {part:<9} {name:<9}  t = {terms}   -> {args.at}: {pred:8.2f} s +- {se:.2f}")
+    per_rank = statistics.median(r["cpu/rank"] for runs in results.values() for r in runs)
+    print(f"  on a cluster the ranks' own work runs in parallel (one rank per core): ~{per_rank:.1f} CPU-s per rank "
+          f"for the whole run, whatever n; what stays serial is rank 0's TCPStore and the collectives")
+
+
 def fit(ns: list[int], ts: list[float], degree: int, at: int = 640) -> tuple[list[float], float, float]:
     """Least squares ``t = sum c_k n^k`` (k = 0..degree): (coefficients, prediction at ``at``, its standard error)."""
     import numpy as np
@@ -122,7 +232,11 @@ def fit(ns: list[int], ts: list[float], degree: int, at: int = 640) -> tuple[lis
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8, 16])
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=None, help="runs per size (3; 2 with --trainer)")
+    ap.add_argument("--trainer", action="store_true",
+                    help="time the real trainer (`clustertrain run` on a tiny CPU project) to its first step")
+    ap.add_argument("--async-writers", action="store_true",
+                    help="with --trainer: keep training.async_checkpoint on (a writer process per rank at start-up)")
     ap.add_argument("--at", type=int, default=640, help="rank count to extrapolate to")
     ap.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--extra-groups", type=int, default=0, help=argparse.SUPPRESS)
@@ -130,6 +244,11 @@ def main() -> None:
     if args.worker:
         worker(args.worker, args.extra_groups)
         return
+    if args.trainer:
+        args.repeats = args.repeats or 2
+        trainer_main(args)
+        return
+    args.repeats = args.repeats or 3
     results: dict[tuple[int, int], list[dict[str, float]]] = {}
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="ct-control-plane-") as tmp:

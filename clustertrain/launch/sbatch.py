@@ -160,7 +160,7 @@ def render_template(template: str, **context: object) -> str:
     quoting with :func:`shlex.quote`; ``sq``: :func:`sbatch_quote`); ``template`` (the template's path in
     the package) is passed for the header, ``rank_wiring`` the lines that export the rendezvous
     (:func:`clustertrain.core.ranks.batch_lines`). Callers check their values with :func:`check_renderable`."""
-    return _environment().get_template(template).render(template=f"clustertrain/launch/templates/{template}",
+    return script_environment().get_template(template).render(template=f"clustertrain/launch/templates/{template}",
                                                         rank_wiring=batch_lines(), **context)
 
 
@@ -296,8 +296,9 @@ def _strings(value: object) -> list[str]:
     return []
 
 
-def _environment() -> jinja2.Environment:
-    """The one Jinja environment (:func:`clustertrain.core.templating.environment`) plus the ``sq`` filter."""
+def script_environment() -> jinja2.Environment:
+    """The one Jinja environment (:func:`clustertrain.core.templating.environment`) plus the batch scripts' filters:
+    ``sq`` and ``node_env`` (training and validation scripts alike)."""
     env = environment(TEMPLATES)
     env.filters["sq"] = lambda v: sbatch_quote(str(v))
     env.filters["node_env"] = node_env_lines  # the lines that compute RankEnvironment.on_node on the node

@@ -1,5 +1,5 @@
 """What watches the training loop: each concern is one :class:`Callback`, and the loop calls the list of them
-(:class:`Callbacks`) at its few moments — a phase begins, a step ends, a row is logged, a checkpoint is committed,
+(:class:`Callbacks`) at its few moments — a step starts, a phase begins, a step ends, a row is logged, a checkpoint is committed,
 a stop signal is agreed, the run ends. A new concern is a new callback, not a trainer edit (torchtitan's
 ``components/metrics.py`` ``MetricsProcessor`` and ``components/checkpoint.py`` ``CheckpointManager`` are owned by
 its ``train.py`` the same way: the loop calls them at fixed points).
@@ -21,6 +21,9 @@ from clustertrain.core.states import State
 
 class Callback:
     """Every hook is optional; the defaults do nothing."""
+
+    def step_started(self, step: int) -> None:
+        """Step ``step`` (1-based) begins (after its first phase is set, so the heartbeat already names it)."""
 
     def phase(self, name: str, step: int | None = None) -> None:
         """The rank enters ``name`` (:data:`clustertrain.core.heartbeat_files.PHASES`), of step ``step`` when given."""
@@ -59,6 +62,10 @@ class Callbacks(Callback):
 
     def __init__(self, *callbacks: Callback | None):
         self.items = [c for c in callbacks if c is not None]
+
+    def step_started(self, step):
+        for c in self.items:
+            c.step_started(step)
 
     def phase(self, name, step=None):
         for c in self.items:

@@ -101,3 +101,39 @@ class _Lazy(Sequence):
         if not 0 <= i < self.count:
             raise IndexError(i)
         return self.make(i)
+
+
+def open_samples(paths, entry) -> tuple:
+    """The run's prepared dataset as :class:`clustertrain.data.GPTSamples`, and the tokenizer's vocabulary size (from
+    the dataset's manifest: :func:`dataset_vocab`); one-line errors for a run directory or dataset that is missing,
+    or a ``model.vocab`` the tokenizer disagrees with."""
+    from pathlib import Path
+
+    from clustertrain.core.errors import ConfigError, DataError, RunDirError
+    from clustertrain.core.run_records import read_run_info
+    from clustertrain.data import GPTSamples
+    from clustertrain.data.vocab import check_vocab
+
+    run = read_run_info(paths)
+    if run is None:
+        raise RunDirError(f"{paths.run_json}: missing; start runs with `clustertrain run`/`submit`, which write it")
+    if not Path(run.dataset + ".idx").is_file():
+        raise DataError(f"{run.dataset}: prepared dataset is missing; re-run `clustertrain run` to prepare it")
+    vocab = dataset_vocab(run.dataset, entry)
+    problem = check_vocab(entry, vocab)
+    if problem:
+        raise ConfigError(problem)
+    samples = GPTSamples(run.dataset, entry.model.seq_len, entry.training.seed, split=entry.data.split, vocab_size=vocab)
+    return samples, vocab
+
+
+def dataset_vocab(dataset: str, entry) -> int:
+    """The tokenizer's vocabulary size as recorded in the prepared dataset's manifest (staging checked that
+    the manifest names ``data.tokenizer``), so ranks need not read the tokenizer file; loading the tokenizer
+    only for datasets without a manifest (e.g. made by Megatron's preprocess_data.py)."""
+    from clustertrain.data import load_tokenizer, read_manifest
+
+    manifest = read_manifest(dataset)
+    if manifest is not None and isinstance(manifest.get("vocab_size"), int):
+        return manifest["vocab_size"]
+    return load_tokenizer(entry.data.tokenizer).vocab_size

@@ -26,16 +26,13 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
-import torch.distributed as dist
 
-from clustertrain.data import GPTSamples, load_tokenizer, read_manifest
-from clustertrain.data.vocab import check_vocab
-from clustertrain.core.errors import ConfigError, DataError, RunDirError, TrainingError
+from clustertrain.core.errors import ConfigError, DataError, TrainingError
 from clustertrain.core.storage_layout import storage_layout
 from clustertrain.core.run_events import Event, EventKind, Severity
 from clustertrain.project import ModelEntry, Project, architecture_fingerprint
 from clustertrain.core.run_paths import RunPaths
-from clustertrain.core.run_records import RunStatus, mark_started, read_run_info, write_status_record
+from clustertrain.core.run_records import RunStatus, mark_started, write_status_record
 from clustertrain.core.states import State
 from clustertrain.train import callbacks
 from clustertrain.train.checkpoint_backup import CheckpointBackup
@@ -43,12 +40,12 @@ from clustertrain.core.checkpoint_format import find_latest, read_meta
 from clustertrain.train.checkpoint import CheckpointManager, clean_stale
 from clustertrain.core.ranks import RankInfo
 from clustertrain.train.heartbeat_writer import Beacon
-from clustertrain.train.hooks import Injections
+from clustertrain.train.hooks import FaultInjection, Injections
 from clustertrain.core.parallel_layout import LayoutError, ParallelLayout, resolve_layout
 from clustertrain.train.metrics import MetricsWriter, peak_flops_for
 from clustertrain.train.model import flops_per_token, padded_vocab
 from clustertrain.train.control import Control
-from clustertrain.train.feed import BatchFeed
+from clustertrain.train.feed import BatchFeed, open_samples
 from clustertrain.train.optim import NonFiniteSkip, build_optimizer, lr_at
 from clustertrain.train.parallel import build_parallel_model
 from clustertrain.train.parallel.compile import check_compiler
@@ -75,6 +72,17 @@ class NonFinite(Exception):
     def __init__(self, step: int, what: str, value: float):
         super().__init__(f"non-finite {what} ({value}) at step {step}")
         self.step, self.what, self.value = step, what, value
+
+
+#: a rank's exit code when it was stopped by a signal and its checkpoint writer was killed first (128 + SIGTERM)
+EXIT_KILLED_IN_STOP = 143
+
+
+def writer_gone(error: BaseException) -> bool:
+    """Whether ``error`` says this rank's checkpoint writer process is gone (torch's executor, or ours at start)."""
+    text = str(error)
+    return isinstance(error, RuntimeError) and ("Checkpoint background process is dead" in text
+                                                or "checkpoint writer process exited" in text)
 
 
 def log(rank: int, msg: str) -> None:
@@ -116,7 +124,7 @@ class Trainer:
                 f"training.global_batch ({cfg.global_batch}) is not a multiple of micro_batch x dp "
                 f"({cfg.micro_batch} x {self.layout.dp}); change global_batch or micro_batch"
             )
-        samples = self._open_data()
+        samples, self.tokenizer_vocab = open_samples(paths, entry)
         self.feed = BatchFeed(samples, global_batch=cfg.global_batch, micro_batch=cfg.micro_batch,
                               dp_rank=self.dp_rank, accum=self.accum, device=device,
                               slow_data_s=injections.slow_data_s)
@@ -165,25 +173,14 @@ class Trainer:
             self.watch,  # before Metrics: it adds the slowest rank and the spread to the row
             callbacks.Metrics(metrics) if metrics is not None else None,
             callbacks.Backup(backup, entry, cfg.max_steps) if backup is not None else None,
+            FaultInjection(injections, paths.root, env.rank, self.control, lambda name: self.callbacks.phase(name))
+            if injections.at_step_start() else None,
             *extra,
         )
 
     @property
     def step(self) -> int:
         return self.train_state.step
-
-    def _open_data(self) -> GPTSamples:
-        run = read_run_info(self.paths)
-        if run is None:
-            raise RunDirError(f"{self.paths.run_json}: missing; start runs with `clustertrain run`/`submit`, which write it")
-        if not Path(run.dataset + ".idx").is_file():
-            raise DataError(f"{run.dataset}: prepared dataset is missing; re-run `clustertrain run` to prepare it")
-        self.tokenizer_vocab = dataset_vocab(run.dataset, self.entry)
-        problem = check_vocab(self.entry, self.tokenizer_vocab)
-        if problem:
-            raise ConfigError(problem)
-        return GPTSamples(run.dataset, self.entry.model.seq_len, self.cfg.seed, split=self.entry.data.split,
-                          vocab_size=self.tokenizer_vocab)
 
     def _resume(self) -> None:
         """Continue from the latest complete checkpoint, if there is one, in whatever layout it was written
@@ -237,6 +234,13 @@ class Trainer:
             raise TrainingError(self._diverged(e)) from None
         except BaseException as e:
             self._close_after_failure()
+            if stop.requested and writer_gone(e):
+                # scancel: Slurm TERMs every process of the step, then KILLs them one by one after KillWait; when
+                # the writer goes first the stop save cannot finish. Not a failure of the run: the job says CANCELLED
+                print(f"[clustertrain] rank {rank}: stopped by {stop.signal_name or 'a signal'} before the stop "
+                      f"checkpoint was written (its writer process was killed); the last committed checkpoint stands",
+                      file=sys.stderr, flush=True)
+                raise SystemExit(EXIT_KILLED_IN_STOP) from None
             detail = str(e).splitlines()[0] if str(e) else ""
             self.callbacks.failed(self.step, f"rank 0 failed at step {self.step + 1}: {type(e).__name__}"
                                              + (f": {detail}" if detail else ""))
@@ -259,8 +263,8 @@ class Trainer:
         interval_time, interval_steps = 0.0, 0
         while self.step < cfg.max_steps:
             t0 = time.perf_counter()
-            self.callbacks.phase("data", step=self.step + 1)
-            self._inject()
+            self.callbacks.phase("data", step=self.step + 1)  # the heartbeat names the new step from here on
+            self.callbacks.step_started(self.step + 1)
             lr = lr_at(self.step, cfg)
             loss, grad_norm = self._train_step()
             self.train_state.step += 1
@@ -378,40 +382,6 @@ class Trainer:
                                    message=message))
         self.callbacks.failed(e.step, message)
         return message
-
-    def _inject(self) -> None:
-        """Fault injection at the start of a step (:mod:`clustertrain.train.hooks`)."""
-        step = self.step + 1
-        if self.injections.fail_at_step is not None and step >= self.injections.fail_at_step:
-            raise RuntimeError(f"injected failure at step {step} (CLUSTERTRAIN_INJECT_FAILURE)")
-        if self.injections.hang_at_step == step:
-            self._hang()
-
-    def _hang(self) -> None:
-        """CLUSTERTRAIN_INJECT_HANG: enter an all-reduce no peer joins (on the CPU group, at the start of a step: the
-        peers reach their gradient all-reduce and wait there for this rank) and stay in it. Once per run directory
-        (a marker file), so that the run's restart trains through."""
-        marker = self.paths.root / ".injected-hang"
-        if marker.exists():
-            return
-        marker.touch()
-        self.callbacks.phase("collective")
-        print(f"[clustertrain] rank {self.env.rank}: injected hang at step {self.step + 1} (CLUSTERTRAIN_INJECT_HANG)",
-              file=sys.stderr, flush=True)
-        if self.control.distributed:
-            dist.all_reduce(torch.zeros(1), group=self.control.group)
-        while True:  # a single process, or the collective timed out: stay stuck all the same
-            time.sleep(60)
-
-
-def dataset_vocab(dataset: str, entry: ModelEntry) -> int:
-    """The tokenizer's vocabulary size as recorded in the prepared dataset's manifest (staging checked that
-    the manifest names ``data.tokenizer``), so ranks need not read the tokenizer file; loading the tokenizer
-    only for datasets without a manifest (e.g. made by Megatron's preprocess_data.py)."""
-    manifest = read_manifest(dataset)
-    if manifest is not None and isinstance(manifest.get("vocab_size"), int):
-        return manifest["vocab_size"]
-    return load_tokenizer(entry.data.tokenizer).vocab_size
 
 
 def write_status(paths: RunPaths, outcome: Outcome, backup: CheckpointBackup | None = None) -> None:

@@ -23,13 +23,11 @@ from pathlib import Path
 from pydantic import Field
 
 from clustertrain import __version__
-from clustertrain.core import templating
 from clustertrain.core.errors import LaunchError
 from clustertrain.launch.config import ENV_NAME_RE
 from clustertrain.launch.presets import RankEnvironment, rank_environment
 from clustertrain.launch.sbatch import (
-    TEMPLATES, check_renderable, container_env_names, container_options, container_step, in_view, sbatch_quote,
-    slurm_filename,
+    check_renderable, container_env_names, container_options, container_step, in_view, script_environment, slurm_filename,
 )
 from clustertrain.project import Project
 from clustertrain.core.ranks import batch_lines
@@ -185,9 +183,7 @@ def render_job(job: SuiteJob, paths: SuitePaths) -> str:
     output = slurm_filename(paths.logs) + "/%x-%j.out"
     check_renderable("log directory", output)
     check_job(job)
-    env = templating.environment(TEMPLATES)
-    env.filters.setdefault("sq", lambda v: sbatch_quote(str(v)))
-    return env.get_template(TEMPLATE).render(template=f"clustertrain/launch/templates/{TEMPLATE}", j=job,
+    return script_environment().get_template(TEMPLATE).render(template=f"clustertrain/launch/templates/{TEMPLATE}", j=job,
                                              steps=[list(s) for s in job.steps], output=output,
                                              rank_wiring=batch_lines())
 

@@ -47,7 +47,7 @@ def test_twin_trains_through_submit_on_two_nodes_of_two_ranks(local_slurm, tmp_p
     log = "\n".join(slurm.logs(job_id))
     assert (final.state, final.exit_code, final.extra["nodes"], final.extra["restarts"]) == \
         ("COMPLETED", 0, ["node1", "node2"], 0), (final, log[-3000:])
-    assert "4 rank(s) (fsdp 4, params fp32 / compute fp32 / reduce fp32), grad accumulation 2" in log
+    assert "4 rank(s) (fsdp 4, grads reduced once per step, params fp32 / compute fp32 / reduce fp32), grad accumulation 2" in log
     assert "training complete at step 16" in log
     [record] = read_records(RunPaths(run))
     script = Path(record.script).read_text()

@@ -23,6 +23,9 @@ class Recorder(Callback):
     def __init__(self):
         self.seen: list[tuple] = []
 
+    def step_started(self, step):
+        self.seen.append(("start", step))
+
     def phase(self, name, step=None):
         self.seen.append(("phase", name, step))
 
@@ -59,7 +62,9 @@ def test_a_recording_callback_sees_the_loop(tiny_project, tmp_path):
     assert seen[-2:] == [("finished", State.COMPLETED, 4), ("close",)]
     # one step's parts, in order: the step's start, then data, forward, backward per micro-batch (accumulation 4:
     # global 16 / micro 4 on one rank), the norm and the optimizer
-    first = seen[:seen.index(("step", 1))]
+    assert [s for s in seen if s[0] == "start"] == [("start", n) for n in (1, 2, 3, 4)]
+    first = [s for s in seen[:seen.index(("step", 1))] if s[0] == "phase"]
     names = [s[1] for s in first]
+    assert seen[:2] == [("phase", "data", 1), ("start", 1)]  # the heartbeat names step 1 before anything acts in it
     assert first[0] == ("phase", "data", 1)
     assert names[1:] == ["data", "forward", "backward"] * 4 + ["optimizer", "optimizer"]

@@ -86,7 +86,7 @@ def fsdp_run(tmp_path_factory):
 def test_twin_trains_in_its_own_layout_and_checkpoints_record_it(fsdp_run):
     res, run_dir = fsdp_run
     assert res.returncode == 0, res.stdout
-    assert "4 rank(s) (fsdp 4, params fp32 / compute fp32 / reduce fp32), grad accumulation 2" in res.stdout
+    assert "4 rank(s) (fsdp 4, grads reduced once per step, params fp32 / compute fp32 / reduce fp32), grad accumulation 2" in res.stdout
     assert f"completed model-7-twin: step {STEPS}" in res.stdout
     rows = metrics(run_dir)
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
@@ -104,7 +104,8 @@ def test_2d_variant_trains_the_same_curve_then_resumes_in_the_twins_layout(fsdp_
     # the 2-D variant: 8 steps (still in warmup, so the learning rate does not depend on max_steps)
     res = run_twin(tmp_path, run_dir, *TWO_D, "models.0.training.max_steps=8", "models.0.training.checkpoint_every=4")
     assert res.returncode == 0, res.stdout
-    assert "4 rank(s) (fsdp 2 x tp 2 +sp, recompute selective, params fp32 / compute fp32 / reduce fp32), grad accumulation 4" in res.stdout
+    assert ("4 rank(s) (fsdp 2 x tp 2 +sp, recompute selective, grads reduced once per step, params fp32 / compute fp32 "
+            "/ reduce fp32), grad accumulation 4") in res.stdout
     first = metrics(run_dir)
     assert [r["step"] for r in first] == list(range(1, 9))
     # same seed and global batch, fp32: the FSDP run's curve within reordering noise (see test_parallel_layouts.py)

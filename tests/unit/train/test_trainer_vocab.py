@@ -11,7 +11,7 @@ import pytest
 from clustertrain.data.preprocess import prepare_dataset
 from clustertrain.data.vocab import check_vocab
 from clustertrain.project import validate_project
-from clustertrain.train.trainer import dataset_vocab
+from clustertrain.train.feed import dataset_vocab
 
 
 def entry(tokenizer: str, vocab: int | None):

@@ -119,9 +119,11 @@ def test_2d_variant_trains_the_same_curve_then_resumes_in_the_twins_layout(fsdp_
     res = run_twin(tmp_path, run_dir, *TO_STEPS)
     assert res.returncode == 0, res.stdout
     ckpt = run_dir / "checkpoints" / "step_00000008"
-    assert "checkpoint layout differs from fsdp 4, fp32 params / fp32 reduce: resharded" in res.stdout
+    assert "checkpoint layout differs from fsdp 4, grads reduced once per step, fp32 params / fp32 reduce: resharded" \
+        in res.stdout
     assert f"resumed from {ckpt} (step 8)" in res.stdout
-    assert f"(fsdp 4, params fp32 / compute fp32 / reduce fp32), grad accumulation 2, device cpu, steps 8->{STEPS}" in res.stdout
+    assert (f"(fsdp 4, grads reduced once per step, params fp32 / compute fp32 / reduce fp32), grad accumulation 2, "
+            f"device cpu, steps 8->{STEPS}") in res.stdout
     assert f"completed model-7-twin: step {STEPS}" in res.stdout
     rows = metrics(run_dir)
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))

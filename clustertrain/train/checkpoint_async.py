@@ -273,11 +273,23 @@ class WriterProcess:
         return writer
 
     def _spawn(self, info: Any) -> None:
+        # The stop signals blocked in this thread only: the writer inherits the mask through fork and exec, so a
+        # signal that reaches it before writer_main ignores them stays pending (then ignored) instead of killing it
+        # while it starts (spawn, import torch: seconds on a loaded node)
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         try:
             from torch.distributed.checkpoint._async_process_executor import _AsyncCheckpointProcess
 
             class _Process(_AsyncCheckpointProcess):
                 _checkpointing_subprocess = staticmethod(writer_main)
+
+                @property
+                def ctx(self):
+                    return self._ctx
+
+                @ctx.setter
+                def ctx(self, value):  # torch's __init__ sets the spawn context: name the process it makes
+                    self._ctx = _NamedContext(value)
 
             self._process = _Process(info)  # spawns and waits for the writers' gloo world (torch: up to 1800 s)
             self._ready.set_result(self._process)
@@ -331,6 +343,24 @@ class WriterProcess:
                 executor._CHECKPOINT_PROCESS = None
 
 
+#: the name of every writer process (:class:`_NamedContext`), how a writer still starting is found
+WRITER_NAME = "clustertrain-checkpoint-writer"
+
+
+class _NamedContext:
+    """A multiprocessing context whose ``Process`` is named :data:`WRITER_NAME` (everything else is the context's):
+    a writer is found by name while torch's ``__init__`` still waits for it (``Process`` drops its target at start)."""
+
+    def __init__(self, ctx: Any):
+        self._ctx = ctx
+
+    def Process(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802 — multiprocessing's name
+        return self._ctx.Process(*args, name=WRITER_NAME, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ctx, name)
+
+
 def _kill_starting_writers() -> None:
     """Kill a writer that is still starting (torch's ``_AsyncCheckpointProcess.__init__`` has not returned: it waits
     in the writers' start-up barrier for peers that may be gone). It ignores SIGTERM, so multiprocessing's exit
@@ -338,7 +368,7 @@ def _kill_starting_writers() -> None:
     import multiprocessing
 
     for child in multiprocessing.active_children():
-        if getattr(child, "_target", None) is writer_main:
+        if child.name == WRITER_NAME:
             child.kill()
             child.join(SHUTDOWN_GRACE_S)
 
@@ -378,6 +408,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+#: the rank's stop signals, which the writer ignores (:func:`writer_main`)
+STOP_SIGNALS = {signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT}
+
+
 def writer_main(info: Any, parent_conn: Any) -> None:
     """The writer process's entry point: leave as soon as the rank that started it is gone, connect the writers'
     gloo world lazily, then torch's serving loop (``_AsyncCheckpointProcess._checkpointing_subprocess``)."""
@@ -388,8 +422,9 @@ def writer_main(info: Any, parent_conn: Any) -> None:
     # INT) to every process of the step, this one too, and by default they would end it — the rank's stop checkpoint
     # then has no writer (a real failure on the local Slurm: "the checkpoint writer process exited (code -12)").
     # The writer leaves when the rank tells it (TERMINATE), when the rank is gone (below) or on SIGKILL.
-    for name in ("SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT"):
-        signal.signal(getattr(signal, name), signal.SIG_IGN)
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked since the spawn (WriterProcess._spawn)
     logging.getLogger("torch.distributed.device_mesh").setLevel(logging.ERROR)  # a warning per DTensor unpickled
     parent = os.getppid()
 

@@ -91,11 +91,25 @@ def test_the_writer_outlives_the_stop_signals_slurm_sends_to_every_process_of_th
     the rank's stop checkpoint (it died with code -12 on the local Slurm before it ignored them)."""
     import signal
 
+    import multiprocessing
+
+    from clustertrain.train.checkpoint_async import WRITER_NAME
+
     model, opt = model_and_optim(0)
     mgr = manager(tmp_path)
     mgr.prepare_async()
+    # while it starts too (spawned, importing torch): the signals wait blocked until it ignores them
+    starting = []
+    for _ in range(200):
+        starting = [c for c in multiprocessing.active_children() if c.name == WRITER_NAME]
+        if starting:
+            break
+        time.sleep(0.01)
+    for sig in (signal.SIGUSR2, signal.SIGTERM):
+        os.kill(starting[0].pid, sig)
     mgr.save(1, 16, app_state(model, opt, TrainState(1, 16)), async_save=True)
     pid = mgr._async.writer_pid
+    assert pid == starting[0].pid
     for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
         os.kill(pid, sig)
     time.sleep(0.5)

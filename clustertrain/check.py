@@ -18,6 +18,8 @@ framework          what Megatron-LM would reject for a ``framework: megatron`` m
                    tokenizer, extra arguments, the image's Megatron-LM (:mod:`clustertrain.megatron.rules`)
 data               data source present or publishable, tokenizer loadable, ``model.vocab`` matches it
                    (:mod:`clustertrain.data.preflight`)
+init_from          a ``training.init_from`` Hugging Face directory: present, its config.json describes ``model:``,
+                   its vocabulary and tokenizer are ``data.tokenizer``'s (:mod:`clustertrain.train.init_from_check`)
 image              the training image's pins load and work together by the compatibility table
                    (:mod:`clustertrain.image.preflight`)
 launch             interpreter or image available on every node, time limit vs checkpoint
@@ -149,9 +151,11 @@ def _sections() -> list[tuple[str, Callable[["Project"], list[Finding]]]]:
     from clustertrain.launch.preflight import launch_findings
     from clustertrain.megatron.rules import framework_findings
     from clustertrain.plan.preflight import plan_findings
+    from clustertrain.train.init_from_check import init_from_findings
 
     return [("layout", layout_findings), ("cluster", cloud_findings), ("plan", plan_findings),
-            ("framework", framework_findings), ("data", data_findings), ("image", image_findings), ("launch", launch_findings), ("secrets", secret_findings)]
+            ("framework", framework_findings), ("data", data_findings), ("init_from", init_from_findings),
+            ("image", image_findings), ("launch", launch_findings), ("secrets", secret_findings)]
 
 
 def run_check(project: "Project", only: list[str] | None = None) -> CheckReport:

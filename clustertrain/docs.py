@@ -32,7 +32,7 @@ def _section(cls: type[BaseModel], path: str, out: list[str]) -> None:
     nested = []
     for name, field in cls.model_fields.items():
         if field.is_required():
-            default = "**required**"
+            default = getattr(cls, "doc_required", "**required**")
         elif field.default_factory is not None:
             default = "see section" if _sub_model(field.annotation) else "`[]`"
         elif field.default is PydanticUndefined or field.default is None:

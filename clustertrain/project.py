@@ -228,9 +228,6 @@ class ModelEntry(StrictModel):
             return out + megatron_structure(self.model, self.parallelism, self.megatron_options)
         if self.megatron is not None:
             out.append(("megatron", "a megatron: section needs framework: megatron; set it, or remove the section"))
-        if self.data.blend:
-            out.append(("data.blend", "the built-in trainer reads one dataset; use data.source, or framework: megatron "
-                                      "(Megatron-LM mixes a blend by weight)"))
         return out + pipeline_problems(self.model, self.parallelism) + builtin_problems(self.parallelism, self.model)
 
     @field_validator("name")
@@ -416,6 +413,9 @@ def read_project(path: str | Path, overrides: list[str] | None = None) -> Projec
                 holder.source = str(base / src)
         if m.data.tokenizer != "byte" and not Path(m.data.tokenizer.removeprefix("hf:")).is_absolute():
             m.data.tokenizer = str(base / m.data.tokenizer.removeprefix("hf:"))
+        init = m.training.init_from  # a Hugging Face directory (clustertrain.train.init_from), unless s3://
+        if init is not None and not init.startswith("s3://") and not Path(init).is_absolute():
+            m.training.init_from = str(base / init)
     return project
 
 
@@ -508,11 +508,20 @@ def _list_index(node: list, part: str) -> int | None:
 # identity
 
 
+#: architecture fields added after checkpoints existed, with the values that mean the earlier model: left out of the
+#: fingerprint at these values, so runs of a classic GPT keep resuming (``preset`` is always left out: the fields it
+#: fills in are what count)
+_LATER_ARCH_FIELDS = {"kv_heads": None, "position": "learned", "rope_theta": 10000.0, "rope_scaling": None,
+                      "ffn_multiple_of": 64, "ffn_multiplier": None, "norm_eps": 1e-5, "bias": True}
+
+
 def architecture_fingerprint(project: Project, entry: ModelEntry) -> str:
     """What a checkpoint depends on: project name, model name, architecture. Changes make old checkpoints unusable."""
-    blob = json.dumps(
-        {"project": project.name, "model": entry.name, "arch": entry.model.model_dump(mode="json")}, sort_keys=True
-    )
+    arch = entry.model.model_dump(mode="json", exclude={"preset"})
+    for field, earlier in _LATER_ARCH_FIELDS.items():
+        if arch.get(field) == earlier:
+            arch.pop(field)
+    blob = json.dumps({"project": project.name, "model": entry.name, "arch": arch}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

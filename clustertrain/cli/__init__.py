@@ -18,6 +18,7 @@ from clustertrain.cli import check as check_cli
 from clustertrain.cli import cluster as cluster_cli
 from clustertrain.cli import config as config_cli
 from clustertrain.cli import data as data_cli
+from clustertrain.cli import export as export_cli
 from clustertrain.cli import image as image_cli
 from clustertrain.cli import jobs as jobs_cli
 from clustertrain.cli import local_slurm as local_slurm_cli
@@ -37,6 +38,7 @@ app.command("plan")(plan_cli.plan_command)
 app.command("check")(check_cli.check_command)
 app.command("rehearse")(rehearse_cli.rehearse_command)
 app.command("report")(report_cli.report_command)
+app.command("export")(export_cli.export_command)
 app.add_typer(config_cli.app, name="config")
 app.add_typer(data_cli.app, name="data")
 app.add_typer(cluster_cli.app, name="cluster")

@@ -164,6 +164,9 @@ def structure_problems(arch: "ArchConfig", par: "ParallelismConfig") -> list[tup
         return out
     if arch.heads % tp:
         out.append(("parallelism.tp", f"tp={tp} does not divide model.heads={arch.heads}; valid tp: {_divisors(arch.heads)}"))
+    if arch.kv_head_count % tp:
+        out.append(("parallelism.tp", f"tp={tp} does not divide model.kv_heads={arch.kv_head_count} (each tensor-parallel "
+                                      f"rank holds whole key/value heads); valid tp: {_divisors(arch.kv_head_count)}"))
     if arch.ffn_dim % tp:
         out.append(("parallelism.tp", f"tp={tp} does not divide the MLP width {arch.ffn_dim} (model.ffn_hidden); "
                                       f"choose a tp that divides both heads and {arch.ffn_dim}"))
@@ -237,10 +240,11 @@ def pipeline_problems(arch: "ArchConfig", par: "ParallelismConfig") -> list[tupl
 
 def stage_costs(arch: "ArchConfig", vocab: int) -> tuple[float, float]:
     """(first, last): the extra compute of the first stage (embeddings: none worth counting) and of the last (the
-    output layer, h x V multiply-adds per token) in blocks' worth (a block: 4h² attention projections, 2hf (GELU) or
-    3hf (SwiGLU) MLP, 2sh attention scores and values per token)."""
+    output layer, h x V multiply-adds per token) in blocks' worth (a block: 2h² + 2hk attention projections, k =
+    kv_heads x head_dim; 2hf (GELU) or 3hf (SwiGLU) MLP, 2sh attention scores and values per token)."""
     h, f, s = arch.hidden, arch.ffn_dim, arch.seq_len
-    block = 4 * h * h + (3 if arch.mlp == "swiglu" else 2) * h * f + 2 * s * h
+    k = arch.kv_head_count * arch.head_dim
+    block = 2 * h * h + 2 * h * k + (3 if arch.mlp == "swiglu" else 2) * h * f + 2 * s * h
     return 0.0, h * vocab / block
 
 

@@ -11,7 +11,12 @@ was recorded). Writers write ``model_dump_json()`` with :func:`~clustertrain.cor
 ``run``/``submit``)::
 
     {"version": 1, "clustertrain": "0.1.0", "project": "p", "model": "tiny", "fingerprint": "3f2a09c1d4e5b6a7",
-     "dataset": "/fsx/p/datasets/tinyshakespeare-byte", "created": 1795000000.0}
+     "dataset": "/fsx/p/datasets/tinyshakespeare-byte", "blend": [], "created": 1795000000.0}
+
+``dataset`` is the prefix (``P`` of ``P.bin``/``P.idx``) of the run's one prepared dataset, or of the first source of
+a ``data.blend``; ``blend`` is then every source, in the project's order, as ``{"weight": W, "prefix": P}`` (the
+weights as written in the project file: relative shares of the samples), and ``[]`` without a blend. Readers take
+the sources from :meth:`RunInfo.sources`; a ``run.json`` written before ``blend`` existed reads as one source.
 
 ``status.json`` (:class:`RunStatus`; written by rank 0 when the ranks' run ends,
 :func:`clustertrain.train.trainer.write_status`, and again once the last checkpoint backup is done)::
@@ -101,14 +106,27 @@ def write_record(path: Path, record: StoredRecord) -> None:
 # -- run.json -------------------------------------------------------------------------------------
 
 
+class BlendPrefix(StoredModel):
+    """One source of a blend in ``run.json``: its weight and the prefix of its prepared dataset."""
+
+    weight: float = Field(..., description="Relative share of the samples (data.blend[k].weight).")
+    prefix: str = Field(..., description="Prefix of the source's prepared dataset (.bin/.idx).")
+
+
 class RunInfo(StoredRecord):
     """``run.json``: which project, model, architecture and dataset the run directory belongs to."""
 
     project: str = Field(..., description="Project name.")
     model: str = Field(..., description="Model name.")
     fingerprint: str = Field(..., description="Architecture fingerprint (project.architecture_fingerprint).")
-    dataset: str = Field(..., description="Prefix of the prepared dataset (.bin/.idx).")
+    dataset: str = Field(..., description="Prefix of the prepared dataset (.bin/.idx); a blend's first source.")
+    blend: list[BlendPrefix] = Field(default_factory=list, description="Every source of a data.blend, in order "
+                                     "(empty without one).")
     created: float = Field(..., description="When the run directory was first prepared (Unix seconds).")
+
+    def sources(self) -> list[tuple[float, str]]:
+        """(weight, prefix) of every dataset the run reads: the blend's, or ``[(1.0, dataset)]``."""
+        return [(b.weight, b.prefix) for b in self.blend] or [(1.0, self.dataset)]
 
 
 def read_run_info(paths: RunPaths) -> RunInfo | None:

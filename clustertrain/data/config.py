@@ -7,7 +7,7 @@ importing this module imports no numpy or tokenizers.
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pydantic import Field, model_serializer, model_validator
 
 from clustertrain.core.schema import StrictModel
 
@@ -32,7 +32,8 @@ class DataConfig(StrictModel):
     workers: int = Field(2, ge=1, description="Worker processes that tokenize raw inputs.")
     blend: list[BlendSource] = Field(
         default_factory=list, description="Several sources mixed by weight instead of one `source` (Megatron's "
-        "`--data-path W1 P1 W2 P2 ...`; `framework: megatron` only). Each is prepared like `source`, with the same tokenizer.",
+        "`--data-path W1 P1 W2 P2 ...` and greedy blend; either framework). Each is prepared like `source`, with the same "
+        "tokenizer.",
     )
 
     @model_validator(mode="after")
@@ -40,6 +41,15 @@ class DataConfig(StrictModel):
         if self.blend and "source" in self.model_fields_set:
             raise ValueError("give data.source or data.blend, not both (a blend lists its sources)")
         return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        """Without ``source`` under a blend (its default is not a choice), so the resolved ``config.yaml`` the ranks
+        read back does not give both."""
+        data = handler(self)
+        if self.blend and isinstance(data, dict):
+            data.pop("source", None)
+        return data
 
     def sources(self) -> list[tuple[float, "DataConfig"]]:
         """(weight, one-source data section) for each source of the blend, or ``[(1.0, self)]`` without one."""

@@ -13,8 +13,8 @@ Per model:
                      says what was not verified, unless a staged copy already lies in
                      ``<datasets>/remote-<hash>/`` (the head node after a first ``submit``), whose
                      manifest is then checked like a prepared prefix.
-``data.blend``       (``framework: megatron``) each ``data.blend[k].source`` is checked as ``data.source``
-                     is, with the same tokenizer, under its own field; ``data.source`` is then not read.
+``data.blend``       (either framework) each ``data.blend[k].source`` is checked as ``data.source`` is,
+                     with the same tokenizer, under its own field; ``data.source`` is then not read.
 size                 when the token count is known: ``seq_len + 1`` tokens for one sample (error), and a
                      warning when ``max_steps x global_batch x seq_len`` (times a blend source's share of
                      the weights) is more than :data:`MAX_EPOCHS` passes over the data.

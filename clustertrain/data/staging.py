@@ -61,9 +61,35 @@ def stage_dataset(cfg: DataConfig, datasets_root: Path, console=None, store_opti
 
 def stage_sources(cfg: DataConfig, datasets_root: Path, console=None, store_options=None) -> list[tuple[float, Path]]:
     """(weight, prefix) of every source of ``cfg`` (:meth:`DataConfig.sources`: a blend, or ``source`` alone), each
-    staged by :func:`stage_dataset`."""
-    return [(weight, stage_dataset(one, datasets_root, console=console, store_options=store_options))
-            for weight, one in cfg.sources()]
+    staged by :func:`stage_dataset` with the one ``data.tokenizer``. A blend source that cannot be staged (e.g. a
+    prepared prefix or published dataset made with another tokenizer) is one :class:`DataError` line starting
+    ``data.blend[k].source: ``; prepared prefixes are validated before any other source is tokenized or fetched,
+    so such a mistake writes nothing."""
+    if not cfg.blend:
+        return [(1.0, stage_dataset(cfg, datasets_root, console=console, store_options=store_options))]
+    sources = cfg.sources()
+    staged: dict[int, Path] = {}
+    cheap_first = sorted(range(len(sources)), key=lambda k: not is_prepared_prefix(sources[k][1].source))
+    for k in cheap_first:
+        try:
+            staged[k] = stage_dataset(sources[k][1], datasets_root, console=console, store_options=store_options)
+        except DataError as e:
+            raise DataError(f"data.blend[{k}].source: {str(e).removeprefix('data.source: ')}") from None
+    return [(weight, staged[k]) for k, (weight, _) in enumerate(sources)]
+
+
+def training_samples(sources, cfg: DataConfig, seq_len: int, seed: int, vocab_size: int | None = None):
+    """The training samples of a run over its staged ``sources`` ((weight, prefix), :func:`stage_sources`):
+    :class:`~clustertrain.data.sample_index.GPTSamples` of ``cfg.split``'s train part, the sources mixed by weight
+    with Megatron's greedy rule. ``num_samples`` is left unset, so sample ``i`` depends on the files, weights, seed
+    and ``seq_len`` but not on ``max_steps`` (a run resumed with more steps reads the same samples first); one source
+    is read alone, its weight ignored. Run preparation (which builds the cached indices) and every rank call this."""
+    from clustertrain.data.sample_index import GPTSamples
+
+    sources = list(sources)
+    weights = [float(w) for w, _ in sources] if len(sources) > 1 else None
+    return GPTSamples([str(p) for _, p in sources], seq_len, seed, split=cfg.split, weights=weights,
+                      vocab_size=vocab_size)
 
 
 def expected_prefix(cfg: DataConfig, datasets_root: Path) -> Path:

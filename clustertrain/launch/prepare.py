@@ -14,16 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clustertrain.data import load_tokenizer
-from clustertrain.data.sample_index import GPTSamples
 from clustertrain.data.vocab import check_vocab
-from clustertrain.data.staging import dataset_tokens, is_prepared_prefix, stage_sources
+from clustertrain.data.staging import dataset_tokens, is_prepared_prefix, stage_sources, training_samples
 from clustertrain.core.errors import ClusterTrainError, ConfigError, DataError
 from clustertrain.core.schema import yaml_line
 from clustertrain.data.inputs import resolve_inputs
 from clustertrain.core.storage_layout import storage_layout
 from clustertrain.project import ModelEntry, Project, architecture_fingerprint, dump_project
 from clustertrain.core.run_paths import RunPaths, write_atomic
-from clustertrain.core.run_records import RunInfo, mark_started, read_run_info, write_record
+from clustertrain.core.run_records import BlendPrefix, RunInfo, mark_started, read_run_info, write_record
 from clustertrain.core.checkpoint_format import check_ownership
 from clustertrain.core.run_lease import SlurmState, Taken, probe, squeue_state, take
 
@@ -78,7 +77,20 @@ def prepare_run(project: Project, entry: ModelEntry, run_dir: Path, resume: bool
     if resume:
         check_ownership(paths.checkpoints, fingerprint, project.name, entry.name)
     check_source_files(project, entry)
-    sources = stage_sources(entry.data, storage_layout(project).datasets, console=console, store_options=store_options(project))
+    try:  # a Hugging Face directory to continue from: fetched (s3://) and checked before anything is written
+        from clustertrain.train.init_from_check import InitFromError, stage_init_from
+
+        stage_init_from(project, entry, tokenizer.vocab_size, store_options(project))
+    except InitFromError as e:
+        raise ConfigError(f"{project_field(project, entry, e.field)}: {e.message}") from None
+    try:
+        sources = stage_sources(entry.data, storage_layout(project).datasets, console=console,
+                                store_options=store_options(project))
+    except DataError as e:  # "data.blend[k].source: ..." names neither the project file nor the model
+        field = re.match(r"data\.blend\[\d+\]\.source(?=: )", str(e))
+        if field is None:
+            raise
+        raise DataError(f"{project_field(project, entry, field[0])}{str(e)[field.end():]}") from None
     need = entry.model.seq_len + 1
     for (_, dataset), (_, one) in zip(sources, entry.data.sources()):
         have = dataset_tokens(dataset)
@@ -89,7 +101,7 @@ def prepare_run(project: Project, entry: ModelEntry, run_dir: Path, resume: bool
             )
     dataset = sources[0][1]
     if entry.framework == "clustertrain":  # Megatron-LM builds its own sample index (rank 0, first start)
-        GPTSamples(dataset, entry.model.seq_len, entry.training.seed, split=entry.data.split)  # build the cached index once
+        training_samples(sources, entry.data, entry.model.seq_len, entry.training.seed)  # build the cached indices once
     lease = take(paths, command, slurm_state)
     if lease.note and console is not None:
         console.print(lease.note)
@@ -99,7 +111,9 @@ def prepare_run(project: Project, entry: ModelEntry, run_dir: Path, resume: bool
     write_atomic(paths.config, dump_project(project))
     created = previous.created if resume and previous is not None else time.time()
     write_record(paths.run_json, RunInfo(project=project.name, model=entry.name, fingerprint=fingerprint,
-                                         dataset=str(dataset), created=created))
+                                         dataset=str(dataset), created=created,
+                                         blend=[BlendPrefix(weight=w, prefix=str(p)) for w, p in sources]
+                                         if entry.data.blend else []))
     paths.status.unlink(missing_ok=True)  # the run to come writes its own (and COMPLETED when it gets there)
     mark_started(paths)
     return RunSpec(project, entry, paths, dataset, resume, tuple(sources), lease)

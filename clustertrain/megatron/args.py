@@ -8,8 +8,24 @@ one Megatron-LM's parser accepts at :data:`~clustertrain.megatron.config.MEGATRO
 
 Mapping decisions (what the built-in GPT is, said in Megatron's words):
 
-* learned absolute positions, biases in every linear layer, init std 0.02, pre-norm — Megatron's defaults,
-  rendered explicitly where Megatron's default differs from the built-in trainer (dropout: Megatron's 0.1);
+* init std 0.02, pre-norm, and the architecture of ``models[].model`` flag by flag, rendered explicitly where
+  Megatron's default differs from the built-in trainer (dropout: Megatron's 0.1). Megatron-core 0.16.1 builds the
+  same tensors in its own layout (one fused ``linear_qkv`` of (heads + 2 kv_heads) x head_dim rows, the
+  pre-norms fused into the next linear with Transformer Engine): the parameter counts are the built-in GPT's;
+* ``position: rope`` → ``--position-embedding-type rope --rotary-base <rope_theta>`` over the whole head
+  (``--rotary-percent`` default 1.0). Megatron's default non-interleaved rotary (``rotary_interleaved`` False:
+  ``_rotate_half`` in ``megatron/core/models/common/embeddings/rope_utils.py`` splits the head into halves,
+  ``RotaryEmbedding.get_emb`` repeats the frequencies ``cat((f, f))``) pairs dimension i with i + head_dim/2, as
+  Hugging Face Llama's ``rotate_half`` and the built-in GPT. ``--rotary-base`` is an ``int`` in the tag's parser,
+  so a fractional ``rope_theta`` is refused for Megatron models (:mod:`clustertrain.megatron.rules`);
+* ``rope_scaling`` → ``--use-rope-scaling --rope-scaling-factor F``: ``RotaryEmbedding._apply_scaling``
+  (``megatron/core/models/common/embeddings/rotary_pos_embedding.py``) is Llama 3.1's with low_freq_factor 1,
+  high_freq_factor 4 and original context 8192 fixed, and the tag's ``gpt_builders.py`` passes ``rope_scaling``
+  but not the factor to ``GPTModel`` (default 8.0): only {factor 8, 1, 4, 8192} is expressible, anything else is
+  refused. With ``megatron.transformer_impl: local`` rope renders ``--no-rope-fusion`` (the fused kernel is
+  Transformer Engine's; ``TransformerConfig.__post_init__`` refuses the fusion without it);
+* ``kv_heads`` below ``heads`` → ``--group-query-attention --num-query-groups <kv_heads>``; ``bias: false`` →
+  ``--disable-bias-linear`` (Megatron's LayerNorm keeps its bias, as ours); ``norm_eps`` → ``--norm-epsilon``;
 * ``zero_stage`` 1-3 → ``--use-distributed-optimizer`` (Megatron shards fp32 main weights and Adam states;
   parameters are not sharded); ``overlap_param_gather`` is rendered only with it (Megatron asserts that);
 * ``recompute: selective`` → ``--recompute-activations`` (Megatron's selective = the attention core);
@@ -119,19 +135,45 @@ def _on(flag: bool) -> bool | None:
     return True if flag else None
 
 
+def _rope(c: MegatronContext) -> bool:
+    return c.entry.model.position == "rope"
+
+
+def _gqa(c: MegatronContext) -> bool:
+    return c.entry.model.kv_head_count < c.entry.model.heads
+
+
 FLAGS: tuple[Flag, ...] = (
     # --- architecture
     Flag("--num-layers", "model.layers", lambda c: c.entry.model.layers),
     Flag("--hidden-size", "model.hidden", lambda c: c.entry.model.hidden),
     Flag("--num-attention-heads", "model.heads", lambda c: c.entry.model.heads),
+    Flag("--group-query-attention", "model.kv_heads", lambda c: _on(_gqa(c)), "below model.heads"),
+    Flag("--num-query-groups", "model.kv_heads", lambda c: c.entry.model.kv_head_count if _gqa(c) else None,
+         "below model.heads: the key/value heads"),
     Flag("--ffn-hidden-size", "model.ffn_hidden", lambda c: c.entry.model.ffn_dim,
-         "default as the built-in GPT: 4 x hidden (gelu), 8/3 x hidden rounded to 64 (swiglu)"),
+         "the built-in GPT's width: ffn_hidden, else 4 x hidden (gelu) or Llama's rule from ffn_multiplier and "
+         "ffn_multiple_of (swiglu)"),
     Flag("--seq-length", "model.seq_len", lambda c: c.entry.model.seq_len),
     Flag("--max-position-embeddings", "megatron.max_position_embeddings",
          lambda c: c.entry.megatron_options.max_position_embeddings or c.entry.model.seq_len, "default model.seq_len"),
-    Flag("--position-embedding-type", "(built-in GPT)", lambda c: "learned_absolute", "the built-in GPT's learned positions"),
+    Flag("--position-embedding-type", "model.position", lambda c: "rope" if _rope(c) else "learned_absolute",
+         "`learned` → learned_absolute, `rope` → rope"),
+    Flag("--rotary-base", "model.rope_theta", lambda c: int(c.entry.model.rope_theta) if _rope(c) else None,
+         "rope: an integer (Megatron's parser takes an int)"),
+    Flag("--use-rope-scaling", "model.rope_scaling", lambda c: _on(_rope(c) and c.entry.model.rope_scaling is not None),
+         "set: Llama 3.1's scaling (Megatron fixes low_freq_factor 1, high_freq_factor 4, original_context 8192)"),
+    Flag("--rope-scaling-factor", "model.rope_scaling.factor",
+         lambda c: c.entry.model.rope_scaling.factor if _rope(c) and c.entry.model.rope_scaling is not None else None,
+         "set: 8 (the only factor pretrain_gpt.py builds at the tag)"),
+    Flag("--no-rope-fusion", "megatron.transformer_impl",
+         lambda c: _on(_rope(c) and c.entry.megatron_options.transformer_impl == "local"),
+         "rope with `local`: the fused rotary kernel is Transformer Engine's"),
     Flag("--swiglu", "model.mlp", lambda c: _on(c.entry.model.mlp == "swiglu"), "swiglu"),
     Flag("--normalization", "model.norm", lambda c: "RMSNorm" if c.entry.model.norm == "rmsnorm" else "LayerNorm"),
+    Flag("--norm-epsilon", "model.norm_eps", lambda c: c.entry.model.norm_eps),
+    Flag("--disable-bias-linear", "model.bias", lambda c: _on(not c.entry.model.bias),
+         "false (norms keep theirs: LayerNorm's bias stays)"),
     Flag("--untie-embeddings-and-output-weights", "model.tie_embeddings", lambda c: _on(not c.entry.model.tie_embeddings),
          "false"),
     Flag("--hidden-dropout", "model.dropout", lambda c: c.entry.model.dropout, "Megatron's default is 0.1"),

@@ -89,11 +89,36 @@ def structure_problems(arch: Any, par: Any, mg: MegatronConfig) -> list[tuple[st
     if par.compile:
         out.append(("parallelism.compile", "compile is the built-in trainer's (torch.compile per block); Megatron-LM "
                                            "uses its own fused kernels: remove compile"))
+    out += _rope_problems(arch)
     max_pos = mg.max_position_embeddings
     if max_pos is not None and arch.seq_len > max_pos:
         out.append(("megatron.max_position_embeddings", f"{max_pos} is below model.seq_len={arch.seq_len} (Megatron "
                                                         "asserts seq_length <= max_position_embeddings); raise it or "
                                                         "remove it (default: seq_len)"))
+    return out
+
+
+#: the one Llama 3.1 scaling pretrain_gpt.py builds at the tag: ``RotaryEmbedding._apply_scaling`` fixes
+#: low_freq_factor 1, high_freq_factor 4 and original context 8192 (megatron/core/models/common/embeddings/
+#: rotary_pos_embedding.py), and gpt_builders.py does not pass ``--rope-scaling-factor`` on (GPTModel's default 8)
+MEGATRON_ROPE_SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_context": 8192}
+
+
+def _rope_problems(arch: Any) -> list[tuple[str, str]]:
+    if arch.position != "rope":
+        return []
+    out: list[tuple[str, str]] = []
+    if arch.rope_theta != int(arch.rope_theta):
+        out.append(("model.rope_theta", f"{arch.rope_theta} is not a whole number, and Megatron-LM's --rotary-base takes "
+                                        f"an integer at {MEGATRON_TAG}; use {round(arch.rope_theta)}"))
+    scaling = arch.rope_scaling
+    if scaling is not None:
+        wrong = {k: getattr(scaling, k) for k, v in MEGATRON_ROPE_SCALING.items() if getattr(scaling, k) != v}
+        if wrong:
+            fixed = ", ".join(f"{k} {v:g}" for k, v in MEGATRON_ROPE_SCALING.items())
+            given = ", ".join(f"{k} {v:g}" for k, v in wrong.items())
+            out.append(("model.rope_scaling", f"Megatron-LM {MEGATRON_TAG} builds only Llama 3.1's scaling ({fixed}), "
+                                              f"not {given}; use those values, drop rope_scaling, or framework: clustertrain"))
     return out
 
 

@@ -15,6 +15,9 @@ Two levels, as for the built-in trainer:
 rule (Megatron's assert or failure)                     field
 ======================================================  =========================================
 heads, ffn width, vocabulary divisible by tp            ``parallelism.tp`` / ``model.vocab``
+key/value heads divisible by tp (1)                     ``parallelism.tp``
+rope: ``--rotary-base`` is an int                       ``model.rope_theta``
+rope scaling other than Llama 3.1's (2)                 ``model.rope_scaling``
 layers divisible by pp                                  ``parallelism.pp``
 layers per stage divisible by virtual stages            ``parallelism.virtual_stages``
 virtual stages need more than 2 layers... (pp > 2)     ``parallelism.virtual_stages``
@@ -27,6 +30,16 @@ a Hugging Face tokenizer directory Megatron can load    ``data.tokenizer``
 every extra argument an option Megatron accepts, not    ``megatron.extra_args``
 one clustertrain renders
 ======================================================  =========================================
+
+(1) The rule of both frameworks (:func:`clustertrain.core.parallel_layout.structure_problems`): each tensor-parallel
+rank holds whole key/value heads. Megatron-core 0.16.1 itself is looser — ``TransformerConfig.__post_init__``
+(``megatron/core/transformer/transformer_config.py``) raises unless ``num_query_groups`` is "a multiple or divisor
+of tensor_model_parallel_size", and with fewer groups than tp ``Attention`` (``megatron/core/transformer/
+attention.py``) replicates a key/value head on several ranks — a layout (and a parameter count) the built-in
+trainer and the planner do not have, so it is refused for Megatron models too.
+(2) ``RotaryEmbedding._apply_scaling`` (``megatron/core/models/common/embeddings/rotary_pos_embedding.py``) fixes
+low_freq_factor 1, high_freq_factor 4, original context 8192, and the tag's ``gpt_builders.py`` does not pass
+``--rope-scaling-factor`` to ``GPTModel`` (its default 8.0): :data:`~clustertrain.megatron.config.MEGATRON_ROPE_SCALING`.
 """
 
 from __future__ import annotations

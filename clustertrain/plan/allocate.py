@@ -103,7 +103,7 @@ class ModelSpec:
         sh = self.shape
         return ArchConfig(layers=sh.layers, hidden=sh.hidden, heads=sh.heads, seq_len=sh.seq_len, vocab=sh.vocab,
                           ffn_hidden=sh.ffn_dim, mlp=sh.mlp, norm=sh.norm, tie_embeddings=sh.tie_embeddings,
-                          dropout=sh.dropout)
+                          dropout=sh.dropout, kv_heads=sh.kv_heads, position=sh.position, bias=sh.bias)
 
 
 @dataclass(frozen=True)

@@ -5,11 +5,15 @@ worker's thread count at the model's own GEMM shapes (forward, input-gradient an
 products of every linear layer and the head). The step-time prediction per rank adds the other
 kernels a training step runs, each timed once at the model's shapes:
 
-  step = accum x (L x (GEMMs + attention core + 2 LayerNorm + GELU/SwiGLU + residual adds)
+  step = accum x (L x (GEMMs + attention core [+ rotary] + 2 norms + GELU/SwiGLU + residual adds)
                   + head GEMMs + cross-entropy + embeddings) + AdamW step + gradient clipping
          + DDP all-reduce (gradient bytes x 2 (ring) / measured memory-copy bandwidth, when dp > 1)
 
-(all fp32, forward + backward). ``efficiency`` = model FLOPs (the trainer's formula) per predicted
+(all fp32, forward + backward), at the model's architecture: the q/k/v GEMM is h x (h + 2k) wide (k = kv_heads x
+head_dim), attention runs with kv_heads key/value heads (``enable_gqa``), ``position: rope`` adds the rotation of q
+and k, linear biases and the learned position table exist only when the model has them (the AdamW and clipping
+parts run over the model's own tensor sizes). ``norm_eps`` does not change a norm's time and is not modelled.
+``efficiency`` = model FLOPs (the trainer's formula) per predicted
 step ÷ matmul throughput: the CPU stand-in for MFU that ``make_plan`` then uses.
 ``bench/plan_accuracy.py`` compares the prediction with the real trainer's ``step_time_s``.
 """
@@ -136,7 +140,7 @@ def _measure(shape, b: int, global_batch: int, dp: int, threads: int) -> tuple[f
         h, f, L, V, s = shape.hidden, shape.ffn_dim, shape.layers, shape.vocab, shape.seq_len
         M = b * s
         m = shape.mlp_factor
-        linears = [(h, 3 * h), (h, h), (h, m * f), (f, h)]
+        linears = [(h, h + 2 * shape.kv_dim), (h, h), (h, m * f), (f, h)]
         gemm_s, gemm_flops = 0.0, 0.0
         for k, n in linears + [(h, V)]:
             reps = L if (k, n) != (h, V) else 1
@@ -151,9 +155,18 @@ def _measure(shape, b: int, global_batch: int, dp: int, threads: int) -> tuple[f
             g = torch.randn_like(fn(*xs))
             return _timed(lambda: torch.autograd.grad(fn(*xs), xs, g))
 
-        hd, heads = shape.head_dim, shape.heads
-        qkv = [(b, heads, s, hd)] * 3
-        parts["attention"] = L * fwd_bwd(lambda q, k_, v: F.scaled_dot_product_attention(q, k_, v, is_causal=True), *qkv)
+        hd, heads, kv_heads = shape.head_dim, shape.heads, shape.kv_head_count
+        qkv = [(b, heads, s, hd), (b, kv_heads, s, hd), (b, kv_heads, s, hd)]
+        gqa = kv_heads != heads
+        parts["attention"] = L * fwd_bwd(
+            lambda q, k_, v: F.scaled_dot_product_attention(q, k_, v, is_causal=True, enable_gqa=gqa), *qkv)
+        if shape.position == "rope":  # the trainer's rotation of q and k: fp32 x * cos + rotate_half(x) * sin
+            cos, sin = torch.randn(s, hd), torch.randn(s, hd)
+
+            def rotate(x):
+                return x * cos + torch.cat((-x[..., hd // 2:], x[..., :hd // 2]), dim=-1) * sin
+
+            parts["rope"] = L * (fwd_bwd(rotate, qkv[0]) + fwd_bwd(rotate, qkv[1]))
         norm = torch.nn.LayerNorm(h) if shape.norm == "layernorm" else torch.nn.RMSNorm(h)
         parts["norms"] = (2 * L + 1) * fwd_bwd(norm, (M, h))
         if shape.mlp == "swiglu":
@@ -184,10 +197,14 @@ def _measure(shape, b: int, global_batch: int, dp: int, threads: int) -> tuple[f
 
 
 def _param_sizes(shape) -> list[int]:
-    h, f, m = shape.hidden, shape.ffn_dim, shape.mlp_factor
+    """Element counts of the model's parameter tensors (the trainer's, :func:`clustertrain.core.model_shape.
+    parameter_tensors`), q/k/v and the SwiGLU gate/up fused per block as this measurement times them."""
+    h, f, m, k = shape.hidden, shape.ffn_dim, shape.mlp_factor, shape.kv_dim
     n = shape.norm_params // shape.norm_tensors
-    layer = [3 * h * h, 3 * h, h * h, h, m * f * h, m * f, f * h, h] + [n] * (2 * shape.norm_tensors)
-    out = layer * shape.layers + [shape.vocab * h, shape.seq_len * h] + [n] * shape.norm_tensors
+    biases = [h + 2 * k, h, m * f, h] if shape.bias else []
+    layer = [(h + 2 * k) * h, h * h, m * f * h, f * h] + biases + [n] * (2 * shape.norm_tensors)
+    positions = [shape.seq_len * h] if shape.position == "learned" else []
+    out = layer * shape.layers + [shape.vocab * h] + positions + [n] * shape.norm_tensors
     return out + ([] if shape.tie_embeddings else [shape.vocab * h])
 
 

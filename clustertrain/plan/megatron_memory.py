@@ -18,8 +18,12 @@ Model states — bytes per parameter the rank holds (Megatron's ``num_bytes_per_
 
 Which parameters a rank holds — counted from the model's tensors (:func:`clustertrain.core.model_shape.parameter_tensors`,
 the same GPT Megatron is rendered to build, biases and learned positions included; Megatron's formula leaves
-both out and divides norms and row-parallel biases by t, which Megatron replicates): tensor-parallel tensors split
-over t, each pipeline stage L/p blocks; the first stage also the word and position embeddings, the last the final
+both out and divides norms and row-parallel biases by t, which Megatron replicates). Megatron's layout differs, not
+its counts: one fused ``linear_qkv`` of (a + 2 k_h) x head_dim rows (k_h = ``kv_heads``, split over t as groups of
+whole key/value heads) holds our q, k and v, and ``linear_fc1`` of 2f rows holds SwiGLU's gate and up; with
+``bias: false`` (``--disable-bias-linear``) no linear has a bias, norms keep theirs; rope has no parameters
+(``--position-embedding-type rope``: no position embedding). Tensor-parallel tensors split over t, each pipeline
+stage L/p blocks; the first stage also the word (and learned position) embeddings, the last the final
 norm and the output layer (V x h / t — with tied embeddings and p > 1 Megatron's last stage keeps its own copy of
 the word embeddings for the output layer). The vocabulary, when ``model.vocab`` is unset, is the tokenizer's padded
 to a multiple of 128 x t (``--make-vocab-size-divisible-by 128``; the ``byte`` tokenizer is Megatron's
@@ -103,7 +107,7 @@ def stage_params(shape: ModelShape, tp: int, pp: int, stage: int) -> int:
     n = shape.layers // pp * _local_numel(shape, "block", tp_layout)
     vocab_rows = chunk_rows(shape.vocab, tp, 0) * shape.hidden
     if stage == 0:
-        n += vocab_rows + shape.seq_len * shape.hidden
+        n += vocab_rows + (shape.seq_len * shape.hidden if shape.position == "learned" else 0)
     if stage == pp - 1:
         n += shape.norm_params
         if not shape.tie_embeddings or pp > 1:

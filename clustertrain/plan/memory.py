@@ -47,8 +47,13 @@ Activations per block and micro-batch (Korthikanti et al. 2022, "Reducing Activa
 in Large Transformer Models", §4, Table 2), generalised from their 34·s·b·h + 5·a·s²·b bytes:
   replicated across TP:  norm inputs 2e·sbh + q/k/v input e·sbh + MLP input e·sbh + dropout masks 2·sbh
                          (= 10·sbh at e = 2 with dropout; masks only when dropout > 0)
-  divided by t:          Q, K, V 3e·sbh + output-projection input e·sbh + MLP k·e·sbf (k = 2 GELU
-                         in/out, 4 SwiGLU gate/up/silu/product) (= 24·sbh at e = 2, f = 4h, GELU)
+  divided by t:          Q e·sbh, K and V 2e·sbk + output-projection input e·sbh + MLP k·e·sbf (k = 2 GELU
+                         in/out, 4 SwiGLU gate/up/silu/product) (= 24·sbh at e = 2, f = 4h, GELU, k = h)
+                         — with grouped-query attention K and V are kv_heads x head_dim = k wide under
+                         flash attention (the CUDA flash kernel takes fewer key/value heads as they are:
+                         ``can_use_flash_attention`` accepts GQA, pytorch ``aten/src/ATen/native/transformers/
+                         cuda/sdp_utils.cpp``), h wide materialised (the math kernel saves K and V after
+                         ``repeat_interleave`` to every query head)
   attention core ÷ t:    softmax e·as²b (+ dropout mask as²b + dropout output e·as²b) = 5·as²b;
                          with flash attention only the fp32 log-sum-exp 4·asb
   ``sequence_parallel`` also divides the replicated part by t. ``recompute: selective`` drops the
@@ -56,6 +61,13 @@ in Large Transformer Models", §4, Table 2), generalised from their 34·s·b·h 
   full activations while recomputing it. Extras: embedding dropout mask sbh (÷ t with SP) when
   dropout > 0; output layer 2e·sbh (÷ t with SP) + 4·sbV/t (fp32 logits for the loss; with tp the
   logits stay vocabulary-sharded into the loss). Without pipeline parallelism one micro-batch is in flight.
+  Rotary positions add nothing per micro-batch: the rotation's multiplies save only the cos/sin tables
+  (``[s, head_dim]`` fp32 per block, not per micro-batch), and the rotated Q and K replace the unrotated ones as
+  what attention saves. Linear biases save nothing (a linear saves its input either way). RMSNorm counts as
+  LayerNorm (its input): on CUDA ``_fused_rms_norm`` saves the input and the fp32 1/rms (pytorch
+  ``tools/autograd/derivatives.yaml``); the CPU build decomposes it and also keeps the normalised copy (e·sbh per
+  norm, not counted). Not counted either: the norms' fp32 statistics (4·sb or 8·sb per norm, < 1/h of the rest).
+  ``tests/unit/plan/test_shape_memory.py`` compares all of this with what autograd saves for a real block.
 
 Pipeline stages (pp > 1; :func:`estimate_memory`): pipeline rank r holds the activations of the micro-batches in
 flight on its stages at its peak (:func:`in_flight_chunks`, m = global_batch / (micro_batch x dp) per step):
@@ -255,7 +267,8 @@ def layer_activation_bytes(shape: ModelShape, layout: ParallelLayout, micro_batc
     mask = 1 if shape.dropout > 0 else 0
     k = 4 if shape.mlp == "swiglu" else 2
     replicated = 4 * e * sbh + 2 * mask * sbh
-    split = 4 * e * sbh + k * e * s * b * f
+    kv = shape.kv_dim if flash_attention else h   # K and V as attention saves them (module docstring)
+    split = 2 * e * sbh + 2 * e * s * b * kv + k * e * s * b * f
     if flash_attention:
         core = 4 * a * s * b
     else:

@@ -91,10 +91,17 @@ def warmup_findings(index: int, entry: "ModelEntry", params: int | None) -> list
 
 def training_identity(entry: "ModelEntry") -> str:
     """What decides the weights a model ends with: framework, architecture, data and training settings with the
-    seed, without the bookkeeping ones (checkpoints, backups, logging) and the parallel layout."""
+    seed, without the bookkeeping ones (checkpoints, backups, logging) and the parallel layout.
+
+    The data is its ``source`` or its whole ``blend``: the sources in order and their weights as shares of the sum
+    (both trainers normalise them, Megatron-LM's blend and :mod:`clustertrain.data.sample_index`, so 7:3 trains what
+    0.7:0.3 does); two models that differ only in their blend's weights are two runs of a data ablation."""
     import json
 
     data = entry.data.model_dump(mode="json", exclude={"workers"})
+    if data.get("blend"):
+        total = sum(b["weight"] for b in data["blend"])
+        data["blend"] = [{**b, "weight": round(b["weight"] / total, 12)} for b in data["blend"]]
     training = entry.training.model_dump(mode="json", exclude=_BOOKKEEPING)
     return json.dumps([entry.framework, entry.model.model_dump(mode="json"), data, training], sort_keys=True)
 
@@ -109,7 +116,8 @@ def duplicate_findings(project: "Project") -> list[Finding]:
             continue
         names = [project.models[i].name for i in indices]
         first = project.models[indices[0]]
-        data = first.data.source if not first.data.blend else "the same blend"
+        blend = first.data.blend
+        data = first.data.source if not blend else f"the same blend of {len(blend)} source{'s' * (len(blend) > 1)}"
         out.append(Finding("warning", f"models[{indices[1]}].training.seed",
                            f"{', '.join(names)} are identical: the same architecture, data ({data}), training settings "
                            f"and seed ({first.training.seed}): {len(names)} copies of one model for the price of "

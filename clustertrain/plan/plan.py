@@ -63,6 +63,7 @@ class ModelPlan:
     cost_usd: float | None
     reasons: list[str] = field(default_factory=list)
     framework: str = "builtin"
+    architecture: str = ""               # ModelShape.describe(): layers, widths and the architecture options
     # Megatron-LM models, and the built-in trainer's with pp > 1 (None otherwise):
     microbatches: int | None = None      # per step and data-parallel rank, global_batch / (micro_batch x dp)
     pipeline_bubble: float | None = None # (pp - 1) / (vp x microbatches): the step takes (1 + this) x its compute
@@ -250,7 +251,7 @@ def _model_plan(spec: ModelSpec, alloc: Allocation, hw: Hardware, price: float |
         layout=None, layout_text=None, dp=None, micro_batch=spec.micro_batch, global_batch=spec.global_batch, mfu=spec.mfu,
         nodes=None, gpus=None, fixed=spec.fixed_nodes is not None, memory=None, memory_budget_bytes=None,
         step_time_s=None, days=None, gpu_hours=None, cost_usd=None, reasons=list(reasons),
-        framework=spec.framework.name,
+        framework=spec.framework.name, architecture=shape.describe(),
     )
     if ev is None:
         return m

@@ -1,7 +1,9 @@
 """``render_plan(plan, format)``: a Plan as a rich table, JSON or Markdown (a string in each case).
 
 JSON format (``version: 2``): ``{"version", "project", "feasible", "cluster": ClusterTotals fields,
-"models": [ModelPlan fields + "feasible"], "problems": [...], "assumptions": [...]}``; bytes are
+"models": [ModelPlan fields + "feasible"], "problems": [...], "assumptions": [...]}``; each model's
+``architecture`` is its shape in words (the table's and Markdown's "architecture" lines, models that share one
+listed together: layers, widths, Llama-style / GPT-style / custom and each option); bytes are
 integers, times in seconds/days, money in USD. Each model carries ``framework``, ``parallelism`` (its
 section as written, ``param_dtype`` resolved), ``layout`` (the resolved ``ParallelLayout`` on its
 planned node count: world, dp, tp, pp, zero_stage, ... — null when no count is valid), ``layout_text``
@@ -96,6 +98,17 @@ def cluster_lines(plan: Plan) -> list[tuple[str, str]]:
         weeks = f" ({c.days / 7:.1f} weeks)" if c.days >= 7 else ""
         rows.append(("duration", f"{duration(c.days)}{weeks} until the last model finishes{cost}"))
     return rows
+
+
+def architecture_lines(plan: Plan) -> list[str]:
+    """One line per architecture: the models that share it, then :meth:`ModelShape.describe
+    <clustertrain.core.model_shape.ModelShape.describe>` (``model-1, model-2: 32 layers, hidden 4096, 32 heads, ffn
+    14336; Llama-style: rope, GQA 8 kv heads, RMSNorm, SwiGLU, no bias, untied``)."""
+    shared: dict[str, list[str]] = {}
+    for m in plan.models:
+        if m.architecture:
+            shared.setdefault(m.architecture, []).append(m.name)
+    return [f"{', '.join(names)}: {text}" for text, names in shared.items()]
 
 
 def _allocation_summary(plan: Plan) -> str:
@@ -347,6 +360,11 @@ def _table(plan: Plan, width: int = TABLE_WIDTH) -> str:
         cluster.add_row(k, v)
     console.print(cluster)
     console.print(fit_table("models", model_columns(plan), [_row(plan, m) for m in plan.models], width))
+    architectures = architecture_lines(plan)
+    if architectures:
+        console.print("architecture:")
+        for line in architectures:
+            console.print(f"  - {line}")
     rows = [r for r in (memory_row(m) for m in plan.models) if r]
     if rows:
         console.print(fit_table(_memory_title(plan), MEMORY_COLUMNS, rows, width))
@@ -373,6 +391,9 @@ def _markdown(plan: Plan) -> str:
     columns = model_columns(plan)
     lines += ["", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(_row(plan, m)) + " |" for m in plan.models]
+    architectures = architecture_lines(plan)
+    if architectures:
+        lines += ["", "Architecture:", ""] + [f"- {a}" for a in architectures]
     rows = [r for r in (memory_row(m) for m in plan.models) if r]
     if rows:
         title = _memory_title(plan)

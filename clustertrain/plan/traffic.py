@@ -61,12 +61,14 @@ def data_parallel_traffic(shape: ModelShape, layout: ParallelLayout, m: int, gpu
     if layout.fsdp:
         kept = (len(parts.stages) * _local_numel(shape, "block", tp_layout)
                 + (params - parts.layers * _local_numel(shape, "block", tp_layout)))  # last blocks + roots
-        again = (params - kept) / params if layout.reshard_after_forward else 0.0
+        again = params - kept if layout.reshard_after_forward else 0   # elements gathered again for each backward
         if layout.grad_sync == "per_microbatch":   # pp 1 (ParallelLayout: pipelined layouts are per_step)
-            gathers, reduces = m * (1 + again), m
+            gathered, reduces = m * (params + again), m
         else:
-            gathers, reduces = 1 + m * again, 1
-        group = DTYPE_BYTES[layout.param_dtype] * params * gathers + DTYPE_BYTES[layout.reduce_dtype] * params * reduces
+            gathered, reduces = params + m * again, 1
+        gathers = gathered / params
+        # in whole elements: a fractional ``gathers`` times P may round below the bytes the ranks move
+        group = DTYPE_BYTES[layout.param_dtype] * gathered + DTYPE_BYTES[layout.reduce_dtype] * params * reduces
         kind = "fsdp"
     else:
         gathers, reduces = 0.0, 1

@@ -7,37 +7,165 @@ preflights read them. Pure pydantic: importing this module imports no torch (it 
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from clustertrain.core.schema import StrictModel
 
 
+#: Named architectures (``models[].model.preset``): each field as the published model's own Hugging Face
+#: ``config.json`` gives it (the repository named in :data:`PRESET_SOURCES`); any field given next to ``preset``
+#: overrides the preset's. ``seq_len`` is the training context (the published models' pretraining context),
+#: ``vocab`` the published embedding rows (the tokenizer must fit in them).
+PRESETS: dict[str, dict] = {
+    "llama3-8b": dict(layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, vocab=128256, seq_len=8192,
+                      position="rope", rope_theta=500000.0, norm="rmsnorm", norm_eps=1e-5, mlp="swiglu", bias=False,
+                      tie_embeddings=False),
+    "llama3-70b": dict(layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672, vocab=128256, seq_len=8192,
+                       position="rope", rope_theta=500000.0, norm="rmsnorm", norm_eps=1e-5, mlp="swiglu", bias=False,
+                       tie_embeddings=False),
+    "llama3.1-8b": dict(layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, vocab=128256, seq_len=8192,
+                        position="rope", rope_theta=500000.0, norm="rmsnorm", norm_eps=1e-5, mlp="swiglu", bias=False,
+                        tie_embeddings=False,
+                        rope_scaling=dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_context=8192)),
+    "llama3.2-1b": dict(layers=16, hidden=2048, heads=32, kv_heads=8, ffn_hidden=8192, vocab=128256, seq_len=8192,
+                        position="rope", rope_theta=500000.0, norm="rmsnorm", norm_eps=1e-5, mlp="swiglu", bias=False,
+                        tie_embeddings=True,
+                        rope_scaling=dict(factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0, original_context=8192)),
+    "llama2-7b": dict(layers=32, hidden=4096, heads=32, kv_heads=32, ffn_hidden=11008, vocab=32000, seq_len=4096,
+                      position="rope", rope_theta=10000.0, norm="rmsnorm", norm_eps=1e-5, mlp="swiglu", bias=False,
+                      tie_embeddings=False),
+    "llama2-13b": dict(layers=40, hidden=5120, heads=40, kv_heads=40, ffn_hidden=13824, vocab=32000, seq_len=4096,
+                       position="rope", rope_theta=10000.0, norm="rmsnorm", norm_eps=1e-5, mlp="swiglu", bias=False,
+                       tie_embeddings=False),
+    "smollm2-135m": dict(layers=30, hidden=576, heads=9, kv_heads=3, ffn_hidden=1536, vocab=49152, seq_len=2048,
+                         position="rope", rope_theta=100000.0, norm="rmsnorm", norm_eps=1e-5, mlp="swiglu", bias=False,
+                         tie_embeddings=True),
+    "gpt2": dict(layers=12, hidden=768, heads=12, ffn_hidden=3072, vocab=50257, seq_len=1024, position="learned",
+                 norm="layernorm", norm_eps=1e-5, mlp="gelu", bias=True, tie_embeddings=True),
+}
+#: where each preset's numbers come from (docs/models.md lists them)
+PRESET_SOURCES: dict[str, str] = {
+    "llama3-8b": "meta-llama/Meta-Llama-3-8B config.json; Llama 3 paper (Grattafiori et al. 2024) table 3",
+    "llama3-70b": "meta-llama/Meta-Llama-3-70B config.json; Llama 3 paper table 3",
+    "llama3.1-8b": "meta-llama/Llama-3.1-8B config.json (rope_scaling rope_type llama3)",
+    "llama3.2-1b": "meta-llama/Llama-3.2-1B config.json (tied embeddings, rope_scaling factor 32)",
+    "llama2-7b": "meta-llama/Llama-2-7b-hf config.json; Llama 2 paper (Touvron et al. 2023) table 1",
+    "llama2-13b": "meta-llama/Llama-2-13b-hf config.json",
+    "smollm2-135m": "HuggingFaceTB/SmolLM2-135M config.json",
+    "gpt2": "openai-community/gpt2 config.json (GPT2LMHeadModel, gelu_new, n_ctx 1024)",
+}
+
+
+class RopeScaling(StrictModel):
+    """Llama 3.1's rotary frequency scaling (Hugging Face ``rope_scaling: {rope_type: llama3, ...}``; Megatron-LM
+    ``--use-rope-scaling --rope-scaling-factor``): wavelengths longer than ``original_context / low_freq_factor``
+    are stretched by ``factor``, those shorter than ``original_context / high_freq_factor`` kept, those between
+    interpolated."""
+
+    factor: float = Field(8.0, gt=1.0, description="How much the long wavelengths are stretched.")
+    low_freq_factor: float = Field(1.0, gt=0, description="Wavelengths above original_context / low_freq_factor are scaled.")
+    high_freq_factor: float = Field(4.0, gt=0, description="Wavelengths below original_context / high_freq_factor are kept.")
+    original_context: int = Field(8192, ge=1, description="The context the frequencies were trained at.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "RopeScaling":
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise ValueError(f"rope_scaling.high_freq_factor ({self.high_freq_factor}) must exceed low_freq_factor "
+                             f"({self.low_freq_factor})")
+        return self
+
+
+#: the fields a model section must give itself unless ``preset`` supplies them
+_SHAPE_FIELDS = ("layers", "hidden", "heads", "seq_len")
+
+
+def _preset_or_shape(schema: dict) -> None:
+    """JSON schema of ``models[].model``: ``preset`` fills in the shape (the ``_preset`` validator runs before
+    the fields are required), so the schema asks for a preset or for the four shape fields, as loading does."""
+    schema["required"] = [name for name in schema.get("required", []) if name not in _SHAPE_FIELDS]
+    if not schema["required"]:
+        del schema["required"]
+    schema["anyOf"] = [{"required": ["preset"], "properties": {"preset": {"type": "string"}}},  # not `preset: null`
+                       {"required": list(_SHAPE_FIELDS)}]
+
+
 class ArchConfig(StrictModel):
+    """The model's architecture (docs/models.md). The defaults are the classic GPT this trainer started with
+    (learned positions, LayerNorm, GELU, biases, one key/value head per query head, tied embeddings), so older
+    project files and checkpoints load unchanged; ``preset`` names a published shape (:data:`PRESETS`)."""
+
+    model_config = ConfigDict(json_schema_extra=_preset_or_shape)
+    #: how docs/project-file.md marks the fields a preset can supply (clustertrain/docs.py)
+    doc_required: ClassVar[str] = "**required** unless `preset`"
+
+    preset: str | None = Field(
+        None, description="A named published architecture whose fields fill in what is not given here: "
+        + ", ".join(PRESETS) + " (docs/models.md lists each with its source). Any field next to it overrides the preset's.",
+    )
     layers: int = Field(..., ge=1, description="Transformer blocks.")
     hidden: int = Field(..., ge=8, description="Model width (d_model).")
-    heads: int = Field(..., ge=1, description="Attention heads; must divide `hidden`.")
+    heads: int = Field(..., ge=1, description="Attention (query) heads; must divide `hidden`.")
+    kv_heads: int | None = Field(
+        None, ge=1, description="Key/value heads (grouped-query attention: each serves heads / kv_heads query heads); "
+        "must divide `heads`. Default: `heads` (multi-head attention).",
+    )
     seq_len: int = Field(..., ge=8, description="Context length in tokens (each sample is seq_len + 1 tokens).")
     vocab: int | None = Field(
         None, ge=2, description="Vocabulary size. Default: the tokenizer's vocabulary (rounded up to a multiple of 64)."
     )
-    ffn_hidden: int | None = Field(None, ge=8, description="MLP width. Default: 4 x hidden (gelu) or 8/3 x hidden rounded to 64 (swiglu).")
+    position: Literal["learned", "rope"] = Field(
+        "learned", description="Positions: `learned` absolute embeddings (GPT-2) or `rope` rotary embeddings on queries "
+        "and keys (Llama; the head dimension must be even).",
+    )
+    rope_theta: float = Field(10000.0, gt=0, description="Rotary base (`position: rope`): Llama 2 10000, Llama 3 500000.")
+    rope_scaling: RopeScaling | None = Field(
+        None, description="Llama 3.1 frequency scaling for long context (`position: rope`); unset: none.")
+    ffn_hidden: int | None = Field(
+        None, ge=8, description="MLP width. Default: 4 x hidden (gelu); swiglu: Llama's rule, 2/3 x 4 x hidden times "
+        "`ffn_multiplier`, rounded up to a multiple of `ffn_multiple_of`.",
+    )
+    ffn_multiple_of: int = Field(64, ge=1, description="swiglu without `ffn_hidden`: round the MLP width up to a multiple "
+                                 "of this (Llama's `multiple_of`: 256 for Llama 2, 1024 for Llama 3).")
+    ffn_multiplier: float | None = Field(None, gt=0, description="swiglu without `ffn_hidden`: scale 2/3 x 4 x hidden by "
+                                         "this before rounding (Llama's `ffn_dim_multiplier`, 1.3 for Llama 3 8B).")
     mlp: Literal["gelu", "swiglu"] = Field("gelu", description="MLP type.")
     norm: Literal["layernorm", "rmsnorm"] = Field("layernorm", description="Normalisation (pre-norm).")
+    norm_eps: float = Field(1e-5, gt=0, lt=1, description="Epsilon of every norm (Llama 2/3: 1e-5; GPT-2: 1e-5).")
+    bias: bool = Field(True, description="Biases on every linear layer (GPT-2, Megatron's default); false as Llama "
+                       "(Megatron's --disable-bias-linear). LayerNorm keeps its bias either way.")
     tie_embeddings: bool = Field(True, description="Share the input embedding with the output projection.")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout probability (residual and attention).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: object) -> object:
+        if not isinstance(data, dict) or data.get("preset") is None:
+            return data
+        name = data["preset"]
+        if name not in PRESETS:
+            raise ValueError(f"preset {name!r} is unknown; use one of {', '.join(PRESETS)}, or give the fields yourself")
+        return {**PRESETS[name], **data}
 
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
 
     @property
+    def kv_head_count(self) -> int:
+        return self.kv_heads if self.kv_heads is not None else self.heads
+
+    @property
     def ffn_dim(self) -> int:
         if self.ffn_hidden is not None:
             return self.ffn_hidden
         if self.mlp == "swiglu":
-            return ((8 * self.hidden // 3) + 63) // 64 * 64
+            width = 2 * 4 * self.hidden // 3
+            if self.ffn_multiplier is not None:
+                width = int(self.ffn_multiplier * width)
+            return (width + self.ffn_multiple_of - 1) // self.ffn_multiple_of * self.ffn_multiple_of
         return 4 * self.hidden
 
     @model_validator(mode="after")
@@ -46,6 +174,14 @@ class ArchConfig(StrictModel):
             raise ValueError(
                 f"heads ({self.heads}) must divide hidden ({self.hidden}); e.g. heads={_divisor_near(self.hidden, self.heads)}"
             )
+        if self.heads % self.kv_head_count:
+            raise ValueError(f"kv_heads ({self.kv_heads}) must divide heads ({self.heads}) (each key/value head serves "
+                             f"an equal group of query heads); e.g. kv_heads={_divisor_near(self.heads, self.kv_head_count)}")
+        if self.position == "rope" and self.head_dim % 2:
+            raise ValueError(f"position rope needs an even head dimension, but hidden / heads = {self.hidden} / "
+                             f"{self.heads} = {self.head_dim}; choose heads so that hidden / heads is even")
+        if self.position == "learned" and self.rope_scaling is not None:
+            raise ValueError("rope_scaling needs position: rope; drop rope_scaling or set position: rope")
         return self
 
 
@@ -81,6 +217,14 @@ class TrainingConfig(StrictModel):
     )
     keep_last: int = Field(3, ge=1, description="Checkpoints kept; older ones are deleted after a successful save.")
     log_every: int = Field(10, ge=1, description="Log metrics every N steps.")
+    init_from: str | None = Field(
+        None, description="Continue training a Hugging Face model: its directory (config.json, model.safetensors or "
+        "a sharded index, tokenizer.json; local or on a shared mount; relative to the project file) or an s3:// URL "
+        "that `clustertrain export --to` published (fetched once to <datasets>/hf-<hash>/, checksum-verified). Its "
+        "config.json must describe `model:` and its tokenizer.json encode like `data.tokenizer`; a run that starts "
+        "without a checkpoint of its own loads its weights (any layout), a resume takes the run's checkpoint "
+        "(docs/models.md).",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -89,6 +233,19 @@ class TrainingConfig(StrictModel):
             raise ValueError("precision moved to models[].parallelism.param_dtype (auto | bf16 | fp32), which the planner "
                              "reads too; replace training.precision with parallelism.param_dtype")
         return data
+
+    @field_validator("init_from")
+    @classmethod
+    def _init_from(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        v = v.strip()
+        scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", v)
+        if not v or (scheme and scheme[1] != "s3") or v == "s3://" or v.startswith(("hf:", "hf://")):
+            raise ValueError(f"init_from {v!r}: give a Hugging Face model directory (local or on a shared mount) or an "
+                             "s3:// URL from `clustertrain export --to`; a model on the Hugging Face Hub is downloaded "
+                             "first: `huggingface-cli download NAME --local-dir DIR`, then init_from: DIR")
+        return v
 
     @field_validator("max_steps")
     @classmethod

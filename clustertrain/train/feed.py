@@ -104,33 +104,43 @@ class _Lazy(Sequence):
 
 
 def open_samples(paths, entry) -> tuple:
-    """The run's prepared dataset as :class:`clustertrain.data.GPTSamples`, and the tokenizer's vocabulary size (from
-    the dataset's manifest: :func:`dataset_vocab`); one-line errors for a run directory or dataset that is missing,
-    or a ``model.vocab`` the tokenizer disagrees with."""
+    """The run's prepared data as :class:`clustertrain.data.GPTSamples` — its one dataset, or every source of its
+    ``data.blend`` mixed by weight (``run.json``'s sources, :func:`clustertrain.data.staging.training_samples`, as
+    run preparation built them) — and the tokenizer's vocabulary size (from each dataset's manifest:
+    :func:`dataset_vocab`); one-line errors for a run directory or dataset that is missing, sources whose
+    vocabularies differ, or a ``model.vocab`` the tokenizer disagrees with."""
     from pathlib import Path
 
     from clustertrain.core.errors import ConfigError, DataError, RunDirError
     from clustertrain.core.run_records import read_run_info
-    from clustertrain.data import GPTSamples
+    from clustertrain.data.staging import training_samples
     from clustertrain.data.vocab import check_vocab
 
     run = read_run_info(paths)
     if run is None:
         raise RunDirError(f"{paths.run_json}: missing; start runs with `clustertrain run`/`submit`, which write it")
-    if not Path(run.dataset + ".idx").is_file():
-        raise DataError(f"{run.dataset}: prepared dataset is missing; re-run `clustertrain run` to prepare it")
-    vocab = dataset_vocab(run.dataset, entry)
-    problem = check_vocab(entry, vocab)
-    if problem:
-        raise ConfigError(problem)
-    samples = GPTSamples(run.dataset, entry.model.seq_len, entry.training.seed, split=entry.data.split, vocab_size=vocab)
+    sources = run.sources()
+    vocabs: dict[str, int] = {}
+    for _, prefix in sources:
+        if not Path(prefix + ".idx").is_file():
+            raise DataError(f"{prefix}: prepared dataset is missing; re-run `clustertrain run` to prepare it")
+        vocabs[prefix] = dataset_vocab(prefix, entry)
+        problem = check_vocab(entry, vocabs[prefix])
+        if problem:
+            raise ConfigError(problem)
+    if len(set(vocabs.values())) > 1:
+        shown = ", ".join(f"{p} ({v})" for p, v in vocabs.items())
+        raise DataError(f"the sources of data.blend were prepared with vocabularies of different sizes: {shown}; "
+                        "prepare every source with data.tokenizer, then re-run `clustertrain run`")
+    vocab = next(iter(vocabs.values()))
+    samples = training_samples(sources, entry.data, entry.model.seq_len, entry.training.seed, vocab_size=vocab)
     return samples, vocab
 
 
 def dataset_vocab(dataset: str, entry) -> int:
     """The tokenizer's vocabulary size as recorded in the prepared dataset's manifest (staging checked that
-    the manifest names ``data.tokenizer``), so ranks need not read the tokenizer file; loading the tokenizer
-    only for datasets without a manifest (e.g. made by Megatron's preprocess_data.py)."""
+    the manifest names ``data.tokenizer``; for a blend, each source's), so ranks need not read the tokenizer file;
+    loading the tokenizer only for datasets without a manifest (e.g. made by Megatron's preprocess_data.py)."""
     from clustertrain.data import load_tokenizer, read_manifest
 
     manifest = read_manifest(dataset)

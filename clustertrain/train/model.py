@@ -1,5 +1,15 @@
 """A GPT: pre-norm blocks, causal self-attention through ``scaled_dot_product_attention``,
-GELU or SwiGLU MLP, learned positions, optionally tied input/output embeddings.
+GELU or SwiGLU MLP, learned or rotary positions, multi-head or grouped-query attention, optional linear
+biases, optionally tied input/output embeddings — the classic GPT-2 shape and the Llama family
+(``models[].model``, :class:`clustertrain.train.config.ArchConfig`).
+
+Rotary positions follow the Hugging Face Llama convention (``transformers/models/llama/modeling_llama.py``:
+``rotate_half`` pairs dimension ``j`` with ``j + head_dim / 2``, frequencies ``theta ** (-2j / head_dim)``,
+with Llama 3.1's scaling when ``rope_scaling`` is set), so a Llama checkpoint's q/k weights load without a
+permutation (:mod:`clustertrain.core.hf_format`). Grouped-query attention: query head ``i`` reads key/value
+head ``i // (heads / kv_heads)`` (``scaled_dot_product_attention(enable_gqa=True)``; the same grouping as
+``repeat_kv``), so a tensor-parallel rank that holds query heads ``[r·H/tp, (r+1)·H/tp)`` holds exactly their
+key/value heads ``[r·K/tp, (r+1)·K/tp)``.
 
 Built for sharding (:mod:`clustertrain.train.parallel`): q, k, v and the SwiGLU gate/up are
 separate linears, so a column-wise tensor-parallel split divides *heads* (not q from k) and
@@ -11,9 +21,9 @@ with :meth:`GPT.init_weights`, which gives every parameter the same values whate
 Parameter names (FQNs) are the checkpoint's keys and the planner's tensor list
 (:func:`clustertrain.core.model_shape.parameter_tensors`)::
 
-    tok_emb.weight [V,h]   pos_emb.weight [s,h]
-    blocks.{i}.norm1.*  blocks.{i}.attn.{wq,wk,wv,wo}.{weight,bias}
-    blocks.{i}.norm2.*  blocks.{i}.mlp.{w_gate,w_up,w_down}.{weight,bias}   (w_gate: SwiGLU only)
+    tok_emb.weight [V,h]   pos_emb.weight [s,h]   (learned positions only)
+    blocks.{i}.norm1.*  blocks.{i}.attn.{wq,wk,wv,wo}.{weight,bias}   (wk, wv: [kv_heads x head_dim, h])
+    blocks.{i}.norm2.*  blocks.{i}.mlp.{w_gate,w_up,w_down}.{weight,bias}   (w_gate: SwiGLU only; biases: bias: true)
     norm_f.*  head.weight [V,h] (the same tensor as tok_emb.weight when tied)
 
 A pipeline stage (:mod:`clustertrain.train.parallel.pipeline`) is a ``GPT`` holding only some blocks
@@ -53,26 +63,76 @@ def padded_vocab(arch: ArchConfig, tokenizer_vocab: int) -> int:
 
 
 def _norm(arch: ArchConfig) -> nn.Module:
-    return nn.RMSNorm(arch.hidden) if arch.norm == "rmsnorm" else nn.LayerNorm(arch.hidden)
+    if arch.norm == "rmsnorm":
+        return nn.RMSNorm(arch.hidden, eps=arch.norm_eps)
+    return nn.LayerNorm(arch.hidden, eps=arch.norm_eps)
+
+
+def rope_frequencies(arch: ArchConfig) -> torch.Tensor:
+    """The rotary inverse frequencies ``theta ** (-2j / head_dim)``, j < head_dim / 2 (fp32), with Llama 3.1's
+    scaling (``arch.rope_scaling``): wavelengths longer than ``original_context / low_freq_factor`` divided by
+    ``factor``, shorter than ``original_context / high_freq_factor`` kept, a linear blend in between (the Llama 3
+    reference's ``apply_scaling``; Hugging Face ``rope_type: llama3``)."""
+    d = arch.head_dim
+    inv = 1.0 / (arch.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    sc = arch.rope_scaling
+    if sc is not None:
+        wavelen = 2 * math.pi / inv
+        low, high = sc.original_context / sc.low_freq_factor, sc.original_context / sc.high_freq_factor
+        smooth = ((sc.original_context / wavelen - sc.low_freq_factor) / (sc.high_freq_factor - sc.low_freq_factor))
+        blended = (1 - smooth) * inv / sc.factor + smooth * inv
+        inv = torch.where(wavelen > low, inv / sc.factor, torch.where(wavelen < high, inv, blended))
+    return inv.float()
+
+
+def rope_tables(arch: ArchConfig, seq: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) of shape ``[seq, head_dim]`` in fp32 for positions ``0..seq-1`` (each frequency twice: the
+    half-split pairing of ``rotate_half``)."""
+    angles = torch.outer(torch.arange(seq, device=device, dtype=torch.float32), rope_frequencies(arch).to(device))
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` ``[b, heads, s, head_dim]`` by the position angles (computed in fp32, returned in x's dtype)."""
+    xf = x.float()
+    half = xf.shape[-1] // 2
+    rotated = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
+    return (xf * cos + rotated * sin).to(x.dtype)
 
 
 class Attention(nn.Module):
     def __init__(self, arch: ArchConfig):
         super().__init__()
+        self.arch = arch
         self.head_dim = arch.head_dim
-        self.wq = nn.Linear(arch.hidden, arch.hidden)
-        self.wk = nn.Linear(arch.hidden, arch.hidden)
-        self.wv = nn.Linear(arch.hidden, arch.hidden)
-        self.wo = nn.Linear(arch.hidden, arch.hidden)
+        kv = arch.kv_head_count * arch.head_dim
+        self.wq = nn.Linear(arch.hidden, arch.hidden, bias=arch.bias)
+        self.wk = nn.Linear(arch.hidden, kv, bias=arch.bias)
+        self.wv = nn.Linear(arch.hidden, kv, bias=arch.bias)
+        self.wo = nn.Linear(arch.hidden, arch.hidden, bias=arch.bias)
         self.dropout = arch.dropout
+        self.gqa = arch.kv_head_count != arch.heads
         self.recompute_core = False  # selective recomputation: keep q/k/v, recompute softmax(qk^T)v in backward
+        self._rope: tuple | None = None  # (seq, device, cos, sin): the tables of the last sequence length
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0,
+                                              enable_gqa=self.gqa)
+
+    def _tables(self, seq: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if torch.compiler.is_compiling():
+            return rope_tables(self.arch, seq, device)
+        if self._rope is None or self._rope[0] != seq or self._rope[1] != device:
+            self._rope = (seq, device, *rope_tables(self.arch, seq, device))
+        return self._rope[2], self._rope[3]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
         q, k, v = (w(x).view(b, t, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        if self.arch.position == "rope":
+            cos, sin = self._tables(t, x.device)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.recompute_core and torch.is_grad_enabled():
             y = checkpoint(self._core, q, k, v, use_reentrant=False)
         else:
@@ -84,9 +144,9 @@ class MLP(nn.Module):
     def __init__(self, arch: ArchConfig):
         super().__init__()
         if arch.mlp == "swiglu":
-            self.w_gate = nn.Linear(arch.hidden, arch.ffn_dim)
-        self.w_up = nn.Linear(arch.hidden, arch.ffn_dim)
-        self.w_down = nn.Linear(arch.ffn_dim, arch.hidden)
+            self.w_gate = nn.Linear(arch.hidden, arch.ffn_dim, bias=arch.bias)
+        self.w_up = nn.Linear(arch.hidden, arch.ffn_dim, bias=arch.bias)
+        self.w_down = nn.Linear(arch.ffn_dim, arch.hidden, bias=arch.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if hasattr(self, "w_gate"):
@@ -125,7 +185,7 @@ class GPT(nn.Module):
         self.arch = arch
         self.vocab = vocab
         self.tok_emb = nn.Embedding(vocab, arch.hidden) if first else None
-        self.pos_emb = nn.Embedding(arch.seq_len, arch.hidden) if first else None
+        self.pos_emb = nn.Embedding(arch.seq_len, arch.hidden) if first and arch.position == "learned" else None
         self.drop = nn.Dropout(arch.dropout) if first else None
         # where sequence parallelism splits the residual stream along the sequence
         self.seq_split = nn.Identity() if first else None
@@ -184,8 +244,10 @@ class GPT(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Token ids -> logits (the whole model); a stage: ids or hidden states in, hidden states or logits out."""
         if self.tok_emb is not None:
-            pos = torch.arange(x.shape[1], device=x.device)
-            x = self.seq_split(self.drop(self.tok_emb(x) + self.pos_emb(pos)))
+            x = self.tok_emb(x)
+            if self.pos_emb is not None:
+                x = x + self.pos_emb(torch.arange(x.shape[1], device=x.device))
+            x = self.seq_split(self.drop(x))
         for block in self.blocks.values():
             x = block(x)
         if self.head is None:
@@ -197,7 +259,7 @@ class GPT(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
             if self.first:
-                n -= self.tok_emb.weight.numel() + self.pos_emb.weight.numel()
+                n -= self.tok_emb.weight.numel() + (self.pos_emb.weight.numel() if self.pos_emb is not None else 0)
             if self.last and not (self.arch.tie_embeddings and self.first):
                 n -= self.head.weight.numel()
         return n

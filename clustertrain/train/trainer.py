@@ -28,6 +28,7 @@ from typing import Iterator
 import torch
 
 from clustertrain.core.errors import ConfigError, DataError, TrainingError
+from clustertrain.core.model_shape import ModelShape
 from clustertrain.core.storage_layout import storage_layout
 from clustertrain.core.run_events import Event, EventKind, Severity
 from clustertrain.project import ModelEntry, Project, architecture_fingerprint
@@ -134,6 +135,7 @@ class Trainer:
         self.pm = build_parallel_model(entry.model, vocab, self.layout, device, seed=cfg.seed, microbatches=self.accum)
         self.model = self.pm.model
         self.flops_per_token = flops_per_token(entry.model, self.pm.non_embedding_params)
+        self.arch_line = ModelShape.from_arch(entry.model, vocab).describe()
         self.optimizer = build_optimizer(self.model, cfg)
         norm_part = "comm" if self.layout.fsdp or self.layout.tp > 1 or self.layout.pp > 1 else "optimizer"
         self.parts = StepParts(self.pm, self.optimizer, NonFiniteSkip(device), cfg, norm_part=norm_part)
@@ -157,6 +159,10 @@ class Trainer:
             clean_stale(paths.checkpoints)
         if resume:
             self._resume()
+        if cfg.init_from and self.step == 0:  # no checkpoint of the run's own: continue the Hugging Face model
+            from clustertrain.train.init_from import load_init_from
+
+            log(env.rank, load_init_from(self.model, project, entry, self.pm.total_params))
         peak = peak_flops_for(torch.cuda.get_device_name(device) if device.type == "cuda" else None)
         self.peak_total = peak * env.world_size if peak else None
         self.nodes = [str(n) for n in self.control.gather_objects(node_name())]  # every rank's node, by rank
@@ -221,7 +227,7 @@ class Trainer:
     # -- the loop -------------------------------------------------------------------------------------
     def fit(self, stop: StopRequest) -> Outcome:
         cfg, rank = self.cfg, self.env.rank
-        log(rank, f"model {self.entry.name}: {self.pm.total_params:,} parameters, {self.env.world_size} rank(s) "
+        log(rank, f"model {self.entry.name}: {self.pm.total_params:,} parameters ({self.arch_line}), {self.env.world_size} rank(s) "
                   f"({self.layout.describe(dtypes=False)}, {self.pm.precision.describe()}), grad accumulation "
                   f"{self.accum}, device {self.device.type}, steps {self.step}->{cfg.max_steps}")
         self.saved: Path | None = None

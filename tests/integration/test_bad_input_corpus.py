@@ -75,13 +75,17 @@ def cluster_config(old: str = "", new: str = "") -> Callable[[], str]:
     return text
 
 
-def prepared(prefix: str) -> Callable[[Path], None]:
-    """Setup: a dataset already prepared at ``prefix`` (what a failed re-prepare must leave alone)."""
+def prepared(prefix: str, tokenizer: str = "") -> Callable[[Path], None]:
+    """Setup: a dataset already prepared at ``prefix`` (what a failed re-prepare must leave alone); with
+    ``tokenizer``, its manifest names that tokenizer identity instead (data another tokenizer made)."""
     def setup(where: Path) -> None:
         from clustertrain.data import prepare_dataset
 
         (where / "ok.jsonl").write_text('{"text": "hello world"}\n')
         prepare_dataset([str(where / "ok.jsonl")], where / prefix, "byte")
+        if tokenizer:
+            manifest = where / f"{prefix}.manifest.json"
+            manifest.write_text(manifest.read_text().replace('"byte-v1"', json.dumps(tokenizer)))
     return setup
 
 
@@ -334,10 +338,13 @@ CASES = [
     project_case("megatron-section-on-a-built-in-model", BASE + "    megatron: {eval_iters: 0}\n",
                  ("p.yaml:9: models[0].megatron: a megatron: section needs framework: megatron",
                   "set it, or remove the section")),
-    project_case("blend-on-a-built-in-model",
-                 edit('source: "builtin:shakespeare"', 'blend: [{source: "builtin:shakespeare", weight: 1}]'),
-                 ("p.yaml:7: models[0].data.blend: the built-in trainer reads one dataset", "use data.source, or "
-                  "framework: megatron")),
+    # a built-in model's blend whose second source was prepared with another tokenizer: refused before the first
+    # (raw) source is tokenized
+    project_case("blend-source-of-another-tokenizer",
+                 edit('source: "builtin:shakespeare"', 'blend: [{source: "builtin:shakespeare", weight: 3}, '
+                                                       '{source: other, weight: 1}]'),
+                 ("p.yaml:7: models.tiny.data.blend[1].source: ", "was made with tokenizer 'hf-0123456789abcdef', "
+                  "expected 'byte-v1'", "re-run prepare with this tokenizer"), setup=prepared("other", "hf-0123456789abcdef")),
     project_case("blend-and-source", edit('source: "builtin:shakespeare"',
                                           'source: "builtin:shakespeare", blend: [{source: a.jsonl, weight: 1}]', MEGATRON),
                  ("p.yaml:8: models[0].data: give data.source or data.blend, not both",)),

@@ -122,3 +122,53 @@ def parse_with_megatron(source: Path, cases: list[dict]) -> list[ParseResult]:
     rows = json.loads(marker[-1].removeprefix("@@RESULT@@"))
     return [ParseResult(r["accepted"], r["error"], r["validated"], r["stopped"], r.get("cuda_stop", False), r["values"])
             for r in rows]
+
+
+_BUILD_CHILD = r'''
+import io, json, os, sys, contextlib
+cases = json.load(sys.stdin)
+os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+import torch, torch.distributed as dist
+from megatron.training import arguments as A
+from megatron.training.global_vars import set_args
+dist.init_process_group("gloo", rank=0, world_size=1)
+from megatron.core import parallel_state
+parallel_state.initialize_model_parallel(1, 1)
+from gpt_builders import gpt_builder
+out = []
+for case in cases:
+    sys.argv = ["pretrain_gpt.py", *case["args"], *CPU_ONLY]
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        args = A.parse_args()
+        A.validate_args(args)
+        set_args(args)
+        model = gpt_builder(args, True, True)
+    rope = getattr(model, "rotary_pos_emb", None)
+    out.append({"params": {n: list(p.shape) for n, p in model.named_parameters()},
+                "inv_freq": rope.inv_freq.tolist() if rope is not None else None,
+                "eps": model.config.layernorm_epsilon, "groups": model.config.num_query_groups})
+print("@@RESULT@@" + json.dumps(out))
+'''
+
+#: what a CPU without Apex or Transformer Engine needs to build the model (not rendered: the image has GPUs):
+#: CPU initialisation, torch's norms instead of Apex's persistent LayerNorm kernel, no fused weight-gradient kernel
+CPU_ONLY = ["--use-cpu-initialization", "--no-persist-layer-norm", "--no-gradient-accumulation-fusion"]
+
+
+def build_with_megatron(source: Path, cases: list[dict]) -> list[dict]:
+    """Megatron-LM's own ``gpt_builder`` (``gpt_builders.py``, what ``pretrain_gpt.py`` calls) on each argument list
+    (tp 1, pp 1, ``--transformer-impl local``) after ``parse_args`` and ``validate_args``, in one child process
+    with a one-rank gloo group: per case the parameter names and shapes, the rotary inverse frequencies, the norm
+    epsilon and the key/value groups of the model it builds."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    child = _BUILD_CHILD.replace("*CPU_ONLY", "*" + json.dumps(CPU_ONLY))
+    env = {**os.environ, "PYTHONPATH": str(source), "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run([sys.executable, "-c", child, str(port)], input=json.dumps(cases), capture_output=True,
+                          text=True, cwd=source, env=env, timeout=300)
+    marker = [line for line in proc.stdout.splitlines() if line.startswith("@@RESULT@@")]
+    assert marker, f"Megatron-LM's gpt_builder did not run: {proc.stderr[-3000:]}"
+    return json.loads(marker[-1].removeprefix("@@RESULT@@"))

@@ -18,7 +18,9 @@ from clustertrain.resolve import load_project
 ROOT = Path(__file__).resolve().parents[2]
 P5E = ROOT / "examples" / "p5e-80x7.yaml"
 #: the flagship's models shrunk to 1.3B so the built-in trainer can train them: then only the cluster rules speak
-FITS = [f"models.{i}.model.{k}={v}" for i in range(7) for k, v in (("layers", 24), ("hidden", 2048), ("heads", 16))]
+#: (24 x 2048, 16 query and the preset's 8 key/value heads, SwiGLU 5632 = 8/3 x 2048 rounded up to 256: 1.26B)
+FITS = [f"models.{i}.model.{k}={v}" for i in range(7)
+        for k, v in (("layers", 24), ("hidden", 2048), ("heads", 16), ("ffn_hidden", 5632))]
 #: the flagship's models replicated (DDP) instead of FSDP2: none fits an H200, so the plan section refuses them
 DDP = [f"models.{i}.parallelism.zero_stage=0" for i in range(7)]
 
@@ -51,7 +53,7 @@ def errors(report):
 def test_differently_shaped_projects_pass(shape):
     project = load_project(P5E, [*FITS, *SHAPES[shape]])
     report = run_check(project)
-    assert report.sections == ["layout", "cluster", "plan", "framework", "data", "image", "launch", "secrets"]
+    assert report.sections == ["layout", "cluster", "plan", "framework", "data", "init_from", "image", "launch", "secrets"]
     assert errors(report) == []
     # warnings say what could not be verified here, never nothing at all for a cluster project
     assert any(s == "data" for s, _ in report.warnings)
@@ -120,7 +122,7 @@ def test_cli_one_line_per_finding_and_exit_codes(capsys, tmp_path):
     assert done.value.code == 2
     rows = [ln for ln in out.splitlines() if ln.startswith(("error", "warning"))]
     assert sum(ln.startswith("error") for ln in rows) == 7 and all("fix:" in ln for ln in rows)
-    assert out.rstrip().endswith("(checked: layout, cluster, plan, framework, data, image, launch, secrets)")
+    assert out.rstrip().endswith("(checked: layout, cluster, plan, framework, data, init_from, image, launch, secrets)")
     with pytest.raises(SystemExit) as done:
         main(["check", str(P5E), "--json", *(a for s in FITS for a in ("--set", s))])
     assert done.value.code == 0

@@ -19,6 +19,8 @@ from clustertrain.cli import config as config_cli
 from clustertrain.cli import main
 from clustertrain.cli.common import CommandGroup
 from clustertrain.cli.jobs import submit_command_line
+from clustertrain.core.errors import ConfigError
+from clustertrain.project import validate_project
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -91,7 +93,8 @@ def test_config_schema_is_a_json_schema_that_accepts_the_examples_and_refuses_ty
     schema = json.loads(out)
     jsonschema.Draft202012Validator.check_schema(schema)
     validator = jsonschema.Draft202012Validator(schema)
-    for example in ("quickstart.yaml", "p5e-80x7.yaml", "model7-twin.yaml", "p5-30b.yaml", "p5-30b-twin.yaml"):
+    for example in ("quickstart.yaml", "p5e-80x7.yaml", "model7-twin.yaml", "p5-30b.yaml", "p5-30b-twin.yaml",
+                    "continue-smollm2.yaml"):
         errors = [e.message for e in validator.iter_errors(yaml.safe_load((EXAMPLES / example).read_text()))]
         assert errors == [], (example, errors)
     assert not validator.is_valid(yaml.safe_load((EXAMPLES / "seed-003-cluster.yaml").read_text()))  # not a project
@@ -105,6 +108,34 @@ def test_config_schema_is_a_json_schema_that_accepts_the_examples_and_refuses_ty
     code, out, _ = run_main(["config", "schema", "-o", str(written)], capsys)
     assert code == 0 and out == "" and json.loads(written.read_text()) == schema
     assert [p.name for p in written.parent.iterdir()] == ["project.schema.json"]  # no temp file left
+
+
+def test_config_schema_takes_the_shape_from_a_preset_or_from_the_fields_as_loading_does(capsys):
+    """`preset:` supplies layers, hidden, heads and seq_len: the schema must not ask for them then, and must still
+    ask for them (all four) without a preset, so an editor agrees with `clustertrain check`."""
+    code, out, _ = run_main(["config", "schema"], capsys)
+    assert code == 0
+    validator = jsonschema.Draft202012Validator(json.loads(out))
+
+    def project(model: dict) -> dict:
+        return {"name": "p", "cluster": {"backend": "local"}, "storage": {"root": "/tmp/p"},
+                "models": [{"name": "a", "model": model, "training": {"max_steps": 5}}]}
+
+    def loads(model: dict) -> bool:
+        try:
+            validate_project(project(model))
+        except ConfigError:
+            return False
+        return True
+
+    shape = {"layers": 2, "hidden": 64, "heads": 4, "seq_len": 64}
+    cases = [({"preset": "smollm2-135m"}, True), ({"preset": "llama3-8b", "layers": 40}, True), (shape, True),
+             ({}, False), ({"vocab": 32000}, False), ({k: v for k, v in shape.items() if k != "seq_len"}, False),
+             ({"preset": None, "hidden": 64}, False), ({"preset": "smollm2-135m", "layer": 2}, False)]
+    for model, valid in cases:
+        errors = list(validator.iter_errors(project(model)))
+        assert (errors == []) is valid, (model, [e.message for e in errors])
+        assert loads(model) is valid, model   # the schema says what loading does
 
 
 # -- submit header -------------------------------------------------------------------------------------

@@ -273,6 +273,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("megatron",),   # the Megatron-LM adapter (reads the image's pins, the plan's catalog)
     ("monitor",),    # what watches a run and reads it back (status reads Megatron's logs)
     ("train",),      # the per-rank trainer (starts the node sampler, reads data)
+    ("hf",),         # Hugging Face directories out of runs: reads checkpoints, the trainer's model, publishes via storage
     ("launch",),     # backends that start the trainer (or Megatron) under the run's records
     ("validate",),   # the validation suite: jobs through the launch backends
     ("resolve", "check", "docs"),  # above every stage: the resolver, the whole-project check, the reference docs
@@ -393,6 +394,7 @@ SHARED_STEMS = {
                 "ParallelCluster file (`cluster validate`)",
     "check": "check.py is the whole-project check; cli/check.py its command; image/check.py the image's check",
     "plan": "plan/plan.py is the plan; cli/plan.py its command",
+    "export": "hf/export.py writes a run's checkpoint as a Hugging Face directory; cli/export.py its command",
     "run": "launch/run.py runs a project locally; cli/run.py is its command; rehearsal/run.py runs the rehearsal",
     "report": "monitor/report.py is the run report; cli/report.py its command; rehearsal/report.py the rehearsal's",
     "rules": "cloud/rules.py and megatron/rules.py: each the rules of the thing it names (a ParallelCluster file, Megatron)",

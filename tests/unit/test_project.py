@@ -223,3 +223,19 @@ def test_sections_live_in_their_stages_and_import_no_project_or_heavy_library():
             "print([m for m in ('torch', 'numpy', 'boto3', 'tokenizers', 'pcluster', 'jinja2') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
+
+
+def test_fingerprint_of_a_classic_model_is_the_one_earlier_checkpoints_carry(tmp_path):
+    """Runs made before the Llama-family fields existed keep resuming: at their defaults the new fields are left
+    out, so the fingerprint is the hash of the earlier model section's fields (written out here by hand)."""
+    import hashlib
+    import json
+
+    project = load_project(write(tmp_path, GOOD))
+    entry = project.models[0]
+    earlier = {k: getattr(entry.model, k) for k in ("layers", "hidden", "heads", "seq_len", "vocab", "ffn_hidden", "mlp",
+                                                    "norm", "tie_embeddings", "dropout")}
+    blob = json.dumps({"project": project.name, "model": entry.name, "arch": earlier}, sort_keys=True)
+    assert architecture_fingerprint(project, entry) == hashlib.sha256(blob.encode()).hexdigest()[:16]
+    rope = load_project(write(tmp_path, GOOD), ["models.0.model.position=rope"])
+    assert architecture_fingerprint(rope, rope.models[0]) != architecture_fingerprint(project, entry)

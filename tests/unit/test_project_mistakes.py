@@ -111,7 +111,7 @@ def test_a_missing_key_that_no_typo_explains_is_still_reported(tmp_path, monkeyp
     text = edit(BASE, ("hidden: 64, ", ""), ("layers: 2,", "layers: 2, colour: red,"))
     err = refused(tmp_path, monkeypatch, text, ("config", "show", "p.yaml"))
     first, second = err.splitlines()
-    assert first.startswith("error: p.yaml:6: models[0].model.colour: unknown key; valid keys here: layers, hidden")
+    assert first.startswith("error: p.yaml:6: models[0].model.colour: unknown key; valid keys here: preset, layers, hidden")
     assert "did you mean" not in first
     assert second == "error: p.yaml:6: models[0].model.hidden: required key is missing; add it (see docs/project-file.md)"
 
@@ -178,8 +178,10 @@ def test_run_names_the_project_field_of_a_missing_tokenizer(tmp_path, monkeypatc
                    "of a tokenizer.json (train one with `clustertrain data train-tokenizer`)\n")
 
 
-#: model-7 four times wider on one node: nothing the planner could set makes it fit 8 H200s
-TOO_WIDE = ("models.model-7.plan.nodes=1", "models.model-7.model.hidden=20480", "models.model-7.model.heads=160")
+#: model-7 four times wider (its MLP too: the flagship gives ffn_hidden) on one node: nothing the planner could set
+#: makes it fit 8 H200s
+TOO_WIDE = ("models.model-7.plan.nodes=1", "models.model-7.model.hidden=20480", "models.model-7.model.heads=160",
+            "models.model-7.model.ffn_hidden=71680")
 
 
 def sets(*items: str) -> list[str]:
@@ -191,7 +193,7 @@ def test_plan_names_no_layout_that_does_not_fit_and_exits_2_like_check():
     plan = runner.invoke(app, ["plan", str(P5E), *sets(*TOO_WIDE)], prog_name="clustertrain")
     assert plan.exit_code == 2 and plan.stderr == "", plan.output
     line = next(line for line in plan.stdout.splitlines() if line.startswith("infeasible: model-7: "))
-    assert "needs 1609.5 GiB per GPU (fsdp 8, grads reduced once per step, bf16 params / fp32 reduce) but 126.4 GiB " \
+    assert "needs 1714.3 GiB per GPU (fsdp 8, grads reduced once per step, bf16 params / fp32 reduce) but 126.4 GiB " \
            "is usable" in line
     assert line.endswith("; no setting makes it fit on 8 GPUs (tried parallelism.grad_sync: per_microbatch, "
                          "parallelism.reshard_after_forward: true, "
@@ -203,16 +205,21 @@ def test_plan_names_no_layout_that_does_not_fit_and_exits_2_like_check():
 
 
 def test_each_setting_the_plan_names_makes_the_model_fit():
-    """Replicated (zero_stage 0), model-1 does not fit an H200; the hint names zero_stage 3 and pp 2 (untied), and
-    each of them alone makes the model feasible."""
+    """Replicated (zero_stage 0), model-1 does not fit an H200; the hint names zero_stage 3 and pp 2 (with untied
+    embeddings: the flagship's are untied already, a tied variant is told to untie them), and each of them alone
+    makes the model feasible."""
     runner = CliRunner()
     ddp = runner.invoke(app, ["plan", str(P5E), *sets("models.model-1.parallelism.zero_stage=0")], prog_name="clustertrain")
     assert ddp.exit_code == 2
     line = next(line for line in ddp.stdout.splitlines() if line.startswith("infeasible: model-1: "))
-    assert "; try parallelism.zero_stage: 3, parallelism.pp: 2 (each rank then holds half the layers: 88.1 GiB) with " \
+    assert "; try parallelism.zero_stage: 3, parallelism.pp: 2 (each rank then holds half the layers: 97.7 GiB) (" in line
+    assert "tie_embeddings" not in line
+    tied = runner.invoke(app, ["plan", str(P5E), *sets("models.model-1.parallelism.zero_stage=0",
+                                                       "models.model-1.model.tie_embeddings=true")], prog_name="clustertrain")
+    line = next(line for line in tied.stdout.splitlines() if line.startswith("infeasible: model-1: "))
+    assert "; try parallelism.zero_stage: 3, parallelism.pp: 2 (each rank then holds half the layers: 97.7 GiB) with " \
            "model.tie_embeddings: false (" in line
-    for fix in (["models.model-1.parallelism.zero_stage=3"],
-                ["models.model-1.parallelism.pp=2", "models.model-1.model.tie_embeddings=false"]):
+    for fix in (["models.model-1.parallelism.zero_stage=3"], ["models.model-1.parallelism.pp=2"]):
         fixed = runner.invoke(app, ["plan", str(P5E), "--format", "json",
                                     *sets("models.model-1.parallelism.zero_stage=0", *fix)], prog_name="clustertrain")
         model = next(m for m in yaml.safe_load(fixed.stdout)["models"] if m["name"] == "model-1")

@@ -1,7 +1,10 @@
 """Tensor (and sequence) parallelism with DTensor's ``parallelize_module`` (Megatron-LM's split).
 
-Per block: q, k, v and the MLP's gate/up column-wise (each rank holds ``heads / tp`` heads and
-``ffn / tp`` MLP columns), the attention output and MLP down projection row-wise (one all-reduce —
+Per block: q, k, v and the MLP's gate/up column-wise (each rank holds ``heads / tp`` query heads, ``kv_heads / tp``
+whole key/value heads — wk and wv are ``[kv_heads x head_dim, h]``, so a row split is a head split; ``structure_problems``
+in :mod:`clustertrain.core.parallel_layout` refuses a tp that does not divide ``kv_heads`` — and ``ffn / tp`` MLP
+columns; rank r's query heads ``[r·H/tp, (r+1)·H/tp)`` read exactly its key/value heads ``[r·K/tp, (r+1)·K/tp)``, the
+grouping of :class:`clustertrain.train.model.Attention`), the attention output and MLP down projection row-wise (one all-reduce —
 or, with sequence parallelism, one reduce-scatter — per sub-layer). The token embedding is split by
 vocabulary rows, the output layer by vocabulary columns, and its logits stay sharded into the loss
 (loss parallelism: the ``V``-wide logits are never gathered). Norms, dropout and the residual stream

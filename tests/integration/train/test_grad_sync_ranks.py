@@ -13,7 +13,8 @@ summation order (the gradients are summed over micro-batches before or after the
 step; 4 steps of AdamW at lr 1e-2 keep the difference below 1e-5, a skipped or doubled micro-batch moves the loss
 by > 1e-2); the planner's traffic (:func:`clustertrain.plan.traffic.data_parallel_traffic`) is the counted
 collectives and bytes, and its ``per_step`` buffers (:func:`clustertrain.plan.memory.buffer_bytes`) are the
-gathered parameters and unsharded gradients a rank holds between two micro-batches.
+gathered parameters and unsharded gradients a rank holds between two micro-batches — for the classic model and a
+Llama-style one (rotary positions, grouped-query attention, no biases: the ``llama-`` runs).
 
 World 4 (pp 2 x fsdp 2, 1F1B, 4 micro-batches): each FSDP2 group of a stage is gathered once per step, not once per
 micro-batch and again for its backward (``reshard_after_forward`` is false under pp), and reduce-scattered once.
@@ -33,6 +34,8 @@ from tests.support.ranks import launch_ranks
 pytestmark = pytest.mark.slow
 
 ARCH = dict(layers=2, hidden=64, heads=4, seq_len=32, vocab=192, mlp="swiglu", norm="rmsnorm", tie_embeddings=False)
+#: the ``llama-`` runs: rotary positions, grouped-query attention (wk, wv [2 x 16, 64]), no linear biases
+LLAMA = dict(ARCH, kv_heads=2, position="rope", bias=False)
 STEPS, MICRO = 4, 2
 COLLECTIVES = {"c10d::_allgather_base_": "gathers", "c10d::_reduce_scatter_base_": "reduces"}
 
@@ -87,7 +90,7 @@ def batches_of(step: int, accum: int, dp_rank: int, arch):
     return [(b[:, :-1], b[:, 1:]) for b in mine]
 
 
-def train_flat(grad_sync: str, world: int) -> dict:
+def train_flat(grad_sync: str, world: int, arch_kw: dict = ARCH) -> dict:
     import torch
     import torch.distributed as dist
 
@@ -96,7 +99,7 @@ def train_flat(grad_sync: str, world: int) -> dict:
     from clustertrain.train.optim import build_optimizer
     from clustertrain.train.parallel import build_parallel_model
 
-    arch = ArchConfig(**ARCH)
+    arch = ArchConfig(**arch_kw)
     layout = resolve_layout(ParallelismConfig(zero_stage=3, grad_sync=grad_sync), world, on_gpu=False)
     accum = 3
     cfg = TrainingConfig(max_steps=STEPS, micro_batch=MICRO, global_batch=MICRO * accum * world, lr=1e-2)
@@ -163,7 +166,8 @@ def worker(out: Path) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     if world == 2:
-        result = {g: train_flat(g, world) for g in ("per_microbatch", "per_step")}
+        result = {f"{prefix}{g}": train_flat(g, world, arch) for prefix, arch in (("", ARCH), ("llama-", LLAMA))
+                  for g in ("per_microbatch", "per_step")}
     else:
         mine = train_piped(world)
         every: list = [None] * world
@@ -216,10 +220,11 @@ def test_the_planners_traffic_and_buffers_are_what_the_ranks_send_and_hold(flat)
     from clustertrain.plan.traffic import data_parallel_traffic
     from clustertrain.train.config import ArchConfig
 
-    arch = ArchConfig(**ARCH)
-    shape = ModelShape.from_arch(arch, arch.vocab)
-    for choice, run in flat.items():
+    for name, run in flat.items():
+        arch = ArchConfig(**(LLAMA if name.startswith("llama-") else ARCH))
+        shape = ModelShape.from_arch(arch, arch.vocab)
         layout = ParallelLayout(**run["layout"])
+        choice = name.removeprefix("llama-")
         assert layout.grad_sync == choice
         planned = data_parallel_traffic(shape, layout, run["accum"], gpus_per_node=1, network_gbps=None)
         for counts in run["counts"][1:]:   # every step after the first (the first one's are the same, uncounted here)
@@ -228,9 +233,11 @@ def test_the_planners_traffic_and_buffers_are_what_the_ranks_send_and_hold(flat)
             assert planned.group_bytes == sent, choice
             assert planned.reduces * GROUPS == counts["reduces"], choice
             assert planned.gathers * planned.params == pytest.approx(counts["gather_numel"]), choice
-    per_step = ParallelLayout(**flat["per_step"]["layout"])
-    assert buffer_bytes(shape, per_step) == flat["per_step"]["held"]
+        if choice == "per_step":
+            assert buffer_bytes(shape, layout) == run["held"], name
     assert flat["per_microbatch"]["held"] < flat["per_step"]["held"]  # per_microbatch keeps no unsharded gradient
+    # grouped-query attention and no biases: the llama model moves less than the classic one of the same width
+    assert flat["llama-per_step"]["counts"][1]["reduce_numel"] < flat["per_step"]["counts"][1]["reduce_numel"]
 
 
 def test_pipelined_fsdp_gathers_each_group_once_per_step(piped):

@@ -56,7 +56,9 @@ def test_the_twin_keeps_model7s_ratios_and_layout():
     a, b = twin.model, seven.model
     assert (a.layers / a.heads, a.seq_len / a.hidden, a.ffn_dim / a.hidden) == \
         (b.layers / b.heads, b.seq_len / b.hidden, b.ffn_dim / b.hidden)
-    assert (a.mlp, a.norm, a.tie_embeddings) == (b.mlp, b.norm, b.tie_embeddings)
+    assert (a.mlp, a.norm, a.tie_embeddings, a.position, a.rope_theta, a.bias) == \
+        (b.mlp, b.norm, b.tie_embeddings, b.position, b.rope_theta, b.bias)
+    assert a.kv_head_count < a.heads and b.kv_head_count < b.heads  # grouped-query attention in both
     keys = ("zero_stage", "tp", "pp", "reshard_after_forward", "recompute", "sequence_parallel", "compile", "param_dtype",
             "grad_sync")
     assert {k: getattr(twin.parallelism, k) for k in keys} == {k: getattr(seven.parallelism, k) for k in keys}

@@ -32,6 +32,9 @@ from tests.support.ranks import launch_ranks, local_state_bytes
 pytestmark = pytest.mark.slow
 
 ARCH = dict(layers=2, hidden=64, heads=4, seq_len=32, vocab=192, mlp="swiglu", norm="rmsnorm", tie_embeddings=False)
+#: the layouts named ``llama-*``: rotary positions, grouped-query attention (2 key/value heads for 4 query heads: at
+#: tp 2 each rank holds one key/value head and its two query heads), no linear biases
+LLAMA = dict(ARCH, kv_heads=2, position="rope", bias=False, norm_eps=1e-6)
 STEPS, GLOBAL_BATCH, MICRO = 8, 8, 2
 LAYOUTS = {
     "ddp": {},
@@ -42,19 +45,29 @@ LAYOUTS = {
     "dp2xtp2": {"zero_stage": 3, "tp": 2},
     "dp2xtp2-sp": {"zero_stage": 3, "tp": 2, "sequence_parallel": True, "recompute": "selective"},
     "tp4-sp-full": {"zero_stage": 3, "tp": 4, "sequence_parallel": True, "recompute": "full", "reshard_after_forward": False},
+    "llama-ddp": {},
+    "llama-fsdp": {"zero_stage": 3},
+    "llama-dp2xtp2": {"zero_stage": 3, "tp": 2},
+    "llama-dp2xtp2-sp": {"zero_stage": 3, "tp": 2, "sequence_parallel": True, "recompute": "selective"},
 }
+
+
+def arch_of(name: str):
+    from clustertrain.train.config import ArchConfig
+
+    return ArchConfig(**{**(LLAMA if name.startswith("llama-") else ARCH), "tie_embeddings": name.endswith("tied")})
 
 
 # -- the ranks' side ------------------------------------------------------------------------------
 def train(name: str, overrides: dict, rank: int, world: int) -> dict:
     import torch
 
-    from clustertrain.train.config import ArchConfig, ParallelismConfig, TrainingConfig
+    from clustertrain.train.config import ParallelismConfig, TrainingConfig
     from clustertrain.core.parallel_layout import resolve_layout
     from clustertrain.train.optim import build_optimizer, lr_at, set_lr
     from clustertrain.train.parallel import build_parallel_model
 
-    arch = ArchConfig(**{**ARCH, "tie_embeddings": name.endswith("tied")})
+    arch = arch_of(name)
     layout = resolve_layout(ParallelismConfig(**overrides), world, on_gpu=False)
     cfg = TrainingConfig(max_steps=STEPS, micro_batch=MICRO, global_batch=GLOBAL_BATCH, lr=1e-2, min_lr=1e-3, warmup_steps=2)
     pm = build_parallel_model(arch, arch.vocab, layout, torch.device("cpu"), seed=11)
@@ -82,11 +95,12 @@ def train(name: str, overrides: dict, rank: int, world: int) -> dict:
         optimizer.zero_grad(set_to_none=True)
         torch.distributed.all_reduce(loss)
         losses.append(float(loss) / world)
-    params = {}
+    params, shapes = {}, {}
     for fqn, p in pm.model.named_parameters():
         full = p.full_tensor() if hasattr(p, "full_tensor") else p
         params[fqn] = full.detach().flatten()[:64].tolist()
-    return {"losses": losses, "params": params, "bytes": sizes, "layout": layout.to_dict()}
+        shapes[fqn] = [list(full.shape), list((p.to_local() if hasattr(p, "to_local") else p).shape)]  # global, local
+    return {"losses": losses, "params": params, "shapes": shapes, "bytes": sizes, "layout": layout.to_dict()}
 
 
 def worker(out: Path) -> None:
@@ -109,9 +123,10 @@ def result(tmp_path_factory) -> dict:
     return launch_ranks(__file__, tmp_path_factory.mktemp("layouts"), 4, timeout=600)
 
 
-@pytest.mark.parametrize("name", ["fsdp", "dp2xtp2", "dp2xtp2-sp", "tp4-sp-full"])
+@pytest.mark.parametrize("name", ["fsdp", "dp2xtp2", "dp2xtp2-sp", "tp4-sp-full", "llama-fsdp", "llama-dp2xtp2",
+                                  "llama-dp2xtp2-sp"])
 def test_layouts_train_the_ddp_loss_curve_and_parameters(result, name):
-    ddp, other = result["ddp"], result[name]
+    ddp, other = result["llama-ddp" if name.startswith("llama-") else "ddp"], result[name]
     assert len(other["losses"]) == STEPS
     assert other["losses"] == pytest.approx(ddp["losses"], rel=1e-4)
     assert ddp["losses"][-1] < ddp["losses"][0] - 0.3  # it learns: the comparison is not of two flat lines
@@ -135,14 +150,34 @@ def test_tied_embeddings_train_under_fsdp(result):
     assert tied["losses"][-1] < tied["losses"][0] - 0.3
 
 
+@pytest.mark.parametrize("name", ["ddp", "fsdp", "dp2xtp2", "tp4-sp-full", "llama-ddp", "llama-fsdp", "llama-dp2xtp2",
+                                  "llama-dp2xtp2-sp"])
+def test_every_tensor_rank_0_holds_is_the_planners_name_and_local_shape(result, name):
+    """The planner's tensor list (names, global shapes) and its tp + FSDP2 split (``local_shape``) against the
+    trainer's sharded parameters on rank 0. Llama: no pos_emb, no biases; wk/wv are [2 x 16, 64], so tp 2 leaves
+    each rank one key/value head (16 rows; FSDP2 over dp 2 then 8)."""
+    from clustertrain.core.model_shape import ModelShape, parameter_tensors
+    from clustertrain.core.parallel_layout import ParallelLayout
+    from clustertrain.plan.memory import local_shape
+
+    arch, layout = arch_of(name), ParallelLayout(**result[name]["layout"])
+    planned = {t.name: [list(t.shape), list(local_shape(t, layout))]
+               for t in parameter_tensors(ModelShape.from_arch(arch, arch.vocab))}
+    assert result[name]["shapes"] == planned
+    if name == "llama-dp2xtp2":
+        assert planned["blocks.0.attn.wk.weight"] == [[32, 64], [8, 64]]
+    if name.startswith("llama-"):
+        assert "pos_emb.weight" not in planned and not any(fqn.endswith(".bias") for fqn in planned)
+
+
 def test_planner_bytes_equal_the_trainers_local_shards(result):
     from clustertrain.plan.memory import trainer_state_bytes
     from clustertrain.core.model_shape import ModelShape
-    from clustertrain.train.config import ArchConfig
     from clustertrain.core.parallel_layout import ParallelLayout
 
-    for name in ("ddp", "fsdp", "fsdp-tied", "dp2xtp2", "dp2xtp2-sp", "tp4-sp-full"):
-        arch = ArchConfig(**{**ARCH, "tie_embeddings": name.endswith("tied")})
+    for name in ("ddp", "fsdp", "fsdp-tied", "dp2xtp2", "dp2xtp2-sp", "tp4-sp-full", "llama-ddp", "llama-fsdp",
+                 "llama-dp2xtp2", "llama-dp2xtp2-sp"):
+        arch = arch_of(name)
         layout = ParallelLayout(**result[name]["layout"])
         planned = trainer_state_bytes(ModelShape.from_arch(arch, arch.vocab), layout)
         held = result[name]["bytes"]

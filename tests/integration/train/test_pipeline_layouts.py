@@ -4,7 +4,9 @@ one with FSDP2 stages, the others DDP; at 8 ranks all FSDP2, the 1f1b one with s
 loss curve of the same model, seed and global batch over 12 steps; each layout's checkpoint resumes bit-identically
 at that layout, and loads, fully equal, into another (pp 2 -> pp 1, pp 2 x dp 2 -> dp 4, and the 3-D layout ->
 fsdp 4 x tp 2); and the per-rank bytes the planner prints (``clustertrain.plan.memory.trainer_state_bytes``) are
-every rank's local parameters, gradients and AdamW states.
+every rank's local parameters, gradients and AdamW states. A Llama-style model (rotary positions, grouped-query
+attention, no biases; the ``llama-*`` layouts: pp 2 interleaved, pp 2 x fsdp 2, dp 2 x tp 2 x pp 2 with one key/value
+head per tp rank) trains its own DDP curve the same way, and every layout's stages hold the whole model's names.
 
 The ranks run this file as a script (``python test_pipeline_layouts.py OUT``, one world size per launch); each
 builds every layout of :data:`WORLDS` for its world size through the trainer's ``build_parallel_model``, trains it
@@ -33,6 +35,9 @@ from tests.support.ranks import launch_ranks, local_state_bytes
 pytestmark = pytest.mark.slow
 
 ARCH = dict(layers=4, hidden=32, heads=2, seq_len=16, vocab=64, mlp="swiglu", norm="rmsnorm", tie_embeddings=False)
+#: the layouts named ``llama-*``: rotary positions (no pos_emb on the first stage), grouped-query attention (4 query
+#: heads, 2 key/value heads: at tp 2 one per rank), no linear biases
+LLAMA = dict(ARCH, heads=4, kv_heads=2, position="rope", bias=False)
 STEPS, MICRO = 12, 1
 #: each layout saves at RESUME_AT; a fresh copy of the RESUMED one loads that and trains the last 2 steps (compared ==)
 RESUME_AT = STEPS - 2
@@ -43,10 +48,13 @@ SCHEDULES = {"gpipe": {"schedule": "gpipe"}, "1f1b": {"schedule": "1f1b"},
              "interleaved": {"schedule": "interleaved_1f1b", "virtual_stages": 2}}
 #: per world size: layout name -> parallelism overrides
 WORLDS = {
-    2: {"ddp": {}, "ddp-gb4": {}, **{f"pp2-{k}": {"pp": 2, **v} for k, v in SCHEDULES.items()}},
-    4: {f"pp2xdp2-{k}": {"pp": 2, "zero_stage": 3 if k == "1f1b" else 0, **v} for k, v in SCHEDULES.items()},
-    8: {f"dp2xtp2xpp2-{k}": {"pp": 2, "tp": 2, "zero_stage": 3, "sequence_parallel": k == "1f1b", **v}
-        for k, v in SCHEDULES.items()},
+    2: {"ddp": {}, "ddp-gb4": {}, **{f"pp2-{k}": {"pp": 2, **v} for k, v in SCHEDULES.items()},
+        "llama-ddp": {}, "llama-ddp-gb4": {}, "llama-pp2-interleaved": {"pp": 2, **SCHEDULES["interleaved"]}},
+    4: {**{f"pp2xdp2-{k}": {"pp": 2, "zero_stage": 3 if k == "1f1b" else 0, **v} for k, v in SCHEDULES.items()},
+        "llama-pp2xdp2-1f1b": {"pp": 2, "zero_stage": 3, **SCHEDULES["1f1b"]}},
+    8: {**{f"dp2xtp2xpp2-{k}": {"pp": 2, "tp": 2, "zero_stage": 3, "sequence_parallel": k == "1f1b", **v}
+           for k, v in SCHEDULES.items()},
+        "llama-dp2xtp2xpp2-1f1b": {"pp": 2, "tp": 2, "zero_stage": 3, "sequence_parallel": True, **SCHEDULES["1f1b"]}},
 }
 #: per world size: the layout whose resume at step RESUME_AT is compared with its uninterrupted run
 RESUMED = {2: "pp2-1f1b", 4: "pp2xdp2-1f1b", 8: "dp2xtp2xpp2-1f1b"}
@@ -58,7 +66,7 @@ RESHARD = {2: {}, 4: {"zero_stage": 3}, 8: {"zero_stage": 3, "tp": 2}}
 class Run:
     """One layout's model, optimizer and data on this rank."""
 
-    def __init__(self, overrides: dict, world: int, global_batch: int):
+    def __init__(self, overrides: dict, world: int, global_batch: int, arch: dict = ARCH):
         import torch
 
         from clustertrain.train.config import ArchConfig, ParallelismConfig, TrainingConfig
@@ -67,7 +75,7 @@ class Run:
         from clustertrain.train.parallel import build_parallel_model
         from clustertrain.train.checkpoint_state import TrainState
 
-        self.arch = ArchConfig(**ARCH)
+        self.arch = ArchConfig(**arch)
         self.layout = resolve_layout(ParallelismConfig(**overrides), world, on_gpu=False)
         self.gb = global_batch
         self.cfg = TrainingConfig(max_steps=STEPS, micro_batch=MICRO, global_batch=global_batch, lr=1e-2, min_lr=1e-3,
@@ -140,7 +148,7 @@ def world_result(out: Path) -> dict:
     world, rank = dist.get_world_size(), dist.get_rank()
     result: dict = {"layouts": {}}
     for name, overrides in WORLDS[world].items():
-        run = Run(overrides, world, 4 if name == "ddp-gb4" else GLOBAL_BATCH[world])
+        run = Run(overrides, world, 4 if name.endswith("ddp-gb4") else GLOBAL_BATCH[world], arch_of(name))
         losses, norms = [], []
         for step in range(STEPS):
             loss, norm = run.step()
@@ -150,8 +158,10 @@ def world_result(out: Path) -> dict:
                 run.manager(out / name).save(RESUME_AT, RESUME_AT * run.gb, run.app_state())
         every_rank: list[dict | None] = [None] * world
         dist.all_gather_object(every_rank, run.bytes)
+        names: list[list[str] | None] = [None] * world  # the parameter names each rank's stages hold
+        dist.all_gather_object(names, sorted(fqn for fqn, _ in run.pm.model.named_parameters()))
         result["layouts"][name] = {"losses": losses, "norms": norms, "layout": run.layout.to_dict(), "bytes": every_rank,
-                                   "final": run.full_state() if name == RESUMED[world] else None}
+                                   "names": names, "final": run.full_state() if name == RESUMED[world] else None}
         if name != RESUMED[world]:
             continue
         resumed = Run(overrides, world, GLOBAL_BATCH[world])  # the same layout, fresh: load step RESUME_AT, train to STEPS
@@ -193,20 +203,25 @@ def world(request, worlds) -> dict:
     return worlds[request.param]
 
 
-def reference(worlds: dict, world: dict) -> dict:
-    """DDP over 2 ranks at ``world``'s global batch: the same model, seed and data."""
-    gb = GLOBAL_BATCH[world["layouts"][pipelined(world)[0]]["layout"]["world"]]
-    return worlds[2]["layouts"]["ddp" if gb == 8 else f"ddp-gb{gb}"]
+def arch_of(name: str) -> dict:
+    return LLAMA if name.startswith("llama-") else ARCH
+
+
+def reference(worlds: dict, world: dict, name: str) -> dict:
+    """DDP over 2 ranks at ``world``'s global batch: the same model (classic or ``llama-``), seed and data."""
+    gb = GLOBAL_BATCH[world["layouts"][name]["layout"]["world"]]
+    prefix = "llama-" if name.startswith("llama-") else ""
+    return worlds[2]["layouts"][prefix + ("ddp" if gb == 8 else f"ddp-gb{gb}")]
 
 
 def pipelined(world: dict) -> list[str]:
-    return [name for name in world["layouts"] if not name.startswith("ddp")]
+    return [name for name in world["layouts"] if not name.removeprefix("llama-").startswith("ddp")]
 
 
 def test_every_schedule_trains_the_ddp_loss_curve(worlds, world):
-    ddp = reference(worlds, world)
-    assert ddp["losses"][-1] < ddp["losses"][0] - 0.5  # it learns: the comparison is not of two flat lines
     for name in pipelined(world):
+        ddp = reference(worlds, world, name)
+        assert ddp["losses"][-1] < ddp["losses"][0] - 0.5  # it learns: the comparison is not of two flat lines
         run = world["layouts"][name]
         assert run["layout"]["pp"] > 1, name
         assert run["losses"] == pytest.approx(ddp["losses"], rel=1e-5), name
@@ -234,15 +249,33 @@ def test_a_pipelined_checkpoint_loads_fully_equal_into_another_layout(world):
     assert reshard["next_loss"][0] == pytest.approx(reshard["next_loss"][1], rel=1e-5)
 
 
+def test_the_stages_hold_the_whole_models_names(world):
+    """Every rank's stages hold names of the whole model (the checkpoint's keys), and together all of them: the
+    planner's tensor list; a Llama-style first stage holds no pos_emb, its blocks no biases."""
+    from clustertrain.core.model_shape import ModelShape, parameter_tensors
+    from clustertrain.train.config import ArchConfig
+
+    for name, run in world["layouts"].items():
+        arch = ArchConfig(**arch_of(name))
+        planned = {t.name for t in parameter_tensors(ModelShape.from_arch(arch, arch.vocab))}
+        held = [set(n) for n in run["names"]]
+        assert set().union(*held) == planned, name
+        if run["layout"]["pp"] > 1:
+            assert all(h < planned for h in held), name  # each rank a part: the stages differ
+        if name.startswith("llama-"):
+            assert "tok_emb.weight" in planned and "pos_emb.weight" not in planned
+            assert not any(n.endswith(".bias") for n in planned)
+
+
 def test_planner_bytes_equal_every_ranks_local_stage(world):
     from clustertrain.plan.memory import trainer_state_bytes
     from clustertrain.core.model_shape import ModelShape
     from clustertrain.train.config import ArchConfig
     from clustertrain.core.parallel_layout import ParallelLayout
 
-    arch = ArchConfig(**ARCH)
-    shape = ModelShape.from_arch(arch, arch.vocab)
     for name, run in world["layouts"].items():
+        arch = ArchConfig(**arch_of(name))
+        shape = ModelShape.from_arch(arch, arch.vocab)
         layout = ParallelLayout(**run["layout"])
         sizes = {(b["params"], b["grads"], b["optimizer"]) for b in run["bytes"]}
         if layout.pp > 1:

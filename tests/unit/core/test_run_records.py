@@ -17,7 +17,7 @@ from clustertrain.launch.slurm_query import JobState
 from clustertrain.project import Project, dump_project, validate_project
 from clustertrain.core.run_paths import RunPaths
 from clustertrain.core.run_records import (
-    BackupRecord, BackupState, RunInfo, RunStatus, mark_started, read_resolved_config, read_run_info, read_status,
+    BackupRecord, BackupState, BlendPrefix, RunInfo, RunStatus, mark_started, read_resolved_config, read_run_info, read_status,
     write_record, write_status_record,
 )
 from clustertrain.core.states import State
@@ -91,6 +91,18 @@ def test_writers_record_their_version_and_damage_is_one_line(tmp_path):
     paths.status.write_text('{"step": 3}')
     with pytest.raises(RunDirError, match=r"status.json: state: required key is missing"):
         read_status(paths)
+
+
+def test_run_json_records_a_blend_and_reads_an_older_one_as_one_source(tmp_path):
+    paths = RunPaths(tmp_path)
+    paths.run_json.write_text(json.dumps(OLD_RUN))  # before `blend` existed
+    assert read_run_info(paths).sources() == [(1.0, "/d/ds")]
+    blend = [BlendPrefix(weight=0.7, prefix="/d/web"), BlendPrefix(weight=0.3, prefix="/d/code")]
+    write_record(paths.run_json, RunInfo(**{**OLD_RUN, "dataset": "/d/web", "blend": blend}))
+    raw = json.loads(paths.run_json.read_text())
+    assert (raw["dataset"], raw["blend"]) == ("/d/web", [{"weight": 0.7, "prefix": "/d/web"},
+                                                          {"weight": 0.3, "prefix": "/d/code"}])
+    assert read_run_info(paths).sources() == [(0.7, "/d/web"), (0.3, "/d/code")]
 
 
 def test_job_records_and_end_markers(tmp_path):

@@ -1,14 +1,17 @@
-"""``data.blend``: several sources mixed by weight (Megatron's ``--data-path W1 P1 W2 P2``, framework: megatron).
+"""``data.blend``: several sources mixed by weight (Megatron's ``--data-path W1 P1 W2 P2``; the built-in trainer reads
+them with :func:`training_samples`).
 
-Staging prepares every source as ``data.source`` is prepared (:func:`stage_sources`); ``submit --dry-run`` names the
-prefixes without writing anything (:func:`expected_prefix`); the project file refuses a blend where it cannot
-work; ``clustertrain check`` checks each source under its own field (:mod:`clustertrain.data.preflight`).
+Staging prepares every source as ``data.source`` is prepared (:func:`stage_sources`), refusing a source of another
+tokenizer under its own field; ``submit --dry-run`` names the prefixes without writing anything
+(:func:`expected_prefix`); ``clustertrain check`` checks each source under its own field
+(:mod:`clustertrain.data.preflight`). A built-in run with a blend: tests/integration/train/test_blend_run.py.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import warnings
 from pathlib import Path
 
@@ -19,8 +22,9 @@ from clustertrain.data.config import DataConfig
 from clustertrain.data.indexed import IndexedDataset
 from clustertrain.data.preflight import data_findings
 from clustertrain.data.preprocess import prepare_dataset
-from clustertrain.data.staging import expected_prefix, stage_dataset, stage_sources
-from clustertrain.core.errors import ConfigError
+from clustertrain.data.sample_index import GPTSamples
+from clustertrain.data.staging import expected_prefix, stage_dataset, stage_sources, training_samples
+from clustertrain.core.errors import ConfigError, DataError
 from clustertrain.project import validate_project
 from clustertrain.resolve import load_project
 
@@ -100,17 +104,55 @@ def _write_project(tmp_path: Path, model_lines: str) -> Path:
     return path
 
 
-def test_a_blend_is_refused_for_the_built_in_trainer(tmp_path):
-    path = _write_project(tmp_path, "    data: {blend: [{source: a.jsonl, weight: 1}, {source: b.jsonl, weight: 1}]}\n")
-    with pytest.raises(ConfigError) as e:
-        load_project(path)
+def test_a_blend_loads_for_either_trainer(tmp_path):
+    """The built-in trainer reads a blend (it refused one before issue 39); its sources resolve against the file."""
+    for framework in ("", "    framework: megatron\n"):
+        path = _write_project(tmp_path, framework + "    data: {blend: [{source: a.jsonl, weight: 1}, "
+                                                    "{source: b.jsonl, weight: 3}]}\n")
+        entry = load_project(path).models[0]
+        assert entry.framework == (framework and "megatron" or "clustertrain")
+        assert [(b.source, b.weight) for b in entry.data.blend] == [(str(tmp_path / "a.jsonl"), 1),
+                                                                    (str(tmp_path / "b.jsonl"), 3)]
+        assert not [f for f, _ in entry.structure_problems() if f.startswith("data")]
+
+
+def test_a_blend_source_of_another_tokenizer_is_refused_under_its_field_before_anything_is_staged(tmp_path, two_sources):
+    web, code = two_sources
+    other = tmp_path / "other" / "ds"
+    other.parent.mkdir()
+    prepare_dataset([str(code)], other, "byte")
+    manifest = other.with_suffix(".manifest.json")
+    manifest.write_text(manifest.read_text().replace('"byte-v1"', '"hf-0123456789abcdef"'))  # another tokenizer's data
+    cfg = DataConfig(blend=[{"source": str(web), "weight": 1}, {"source": str(other), "weight": 1}], workers=1)
+    before = snapshot(tmp_path)
+    with pytest.raises(DataError) as e:
+        stage_sources(cfg, tmp_path / "datasets")
     assert len(str(e.value).splitlines()) == 1
-    assert "models[0].data.blend" in str(e.value) and "framework: megatron" in str(e.value)
-    # the same blend with framework: megatron loads, its sources resolved against the project file
-    path = _write_project(tmp_path, "    framework: megatron\n"
-                                    "    data: {blend: [{source: a.jsonl, weight: 1}, {source: b.jsonl, weight: 1}]}\n")
-    blend = load_project(path).models[0].data.blend
-    assert [b.source for b in blend] == [str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")]
+    assert str(e.value).startswith(f"data.blend[1].source: {other}: manifest.tokenizer: ")
+    assert "made with tokenizer 'hf-0123456789abcdef', expected 'byte-v1'" in str(e.value)
+    assert snapshot(tmp_path) == before  # the raw source [0] was not tokenized first
+
+
+def test_training_samples_mix_the_sources_in_the_weights_proportion(tmp_path):
+    """Disjoint token ids per source: every sample comes from one source, and any window of samples holds each in
+    the weights' proportion (Megatron's greedy rule); one source alone is its own GPTSamples."""
+    a, b = tmp_path / "a" / "ds", tmp_path / "b" / "ds"
+    for prefix, ch in ((a, "a"), (b, "B")):
+        prefix.parent.mkdir()
+        (prefix.parent / "in.jsonl").write_text("".join(json.dumps({"text": ch * 500}) + "\n" for _ in range(8)))
+        prepare_dataset([str(prefix.parent / "in.jsonl")], prefix, "byte")
+    cfg = DataConfig(blend=[{"source": str(a), "weight": 3}, {"source": str(b), "weight": 1}])
+    samples = training_samples([(3.0, a), (1.0, b)], cfg, seq_len=32, seed=5, vocab_size=257)
+    batch = samples.batch(0, 400)
+    from_a = np.isin(batch, [ord("a"), 256]).all(axis=1)
+    from_b = np.isin(batch, [ord("B"), 256]).all(axis=1)
+    assert (from_a ^ from_b).all()
+    assert from_a.sum() == 300 and all(from_a[i:i + 4].sum() == 3 for i in range(0, 400, 4))
+    # the blend's size comes from the sources' one-epoch counts (125 + 125 samples), not from max_steps: Megatron's
+    # ceil(N x w) per source
+    assert len(samples) == math.ceil(250 * 0.75) + math.ceil(250 * 0.25) == 251
+    one = training_samples([(3.0, a)], DataConfig(source=str(a)), seq_len=32, seed=5)
+    assert (one.batch(0, 20) == GPTSamples(str(a), 32, 5).batch(0, 20)).all()
 
 
 def test_a_blend_and_a_source_together_are_refused(tmp_path):

@@ -98,7 +98,7 @@ def test_submit_refuses_infeasible_models_one_line_each_before_writing_anything(
     lines = str(err.value).splitlines()
     assert lines[0] == "submit refused (7 problems):"
     assert [ln.split(":")[0].strip() for ln in lines[1:]] == [f"models[{i}].parallelism" for i in range(7)]
-    assert "needs 290.2 GiB per GPU" in lines[7]
+    assert "needs 172.4 GiB per GPU" in lines[1] and "needs 319.3 GiB per GPU" in lines[7]
     with pytest.raises(LaunchError, match=r"submit refused \(1 problem\):\n  models\[6\].parallelism: model-7"):
         submit_project(project, "model-7", None, True, SlurmLauncher())
     assert not (tmp_path / "runs").exists()

@@ -4,7 +4,8 @@ Megatron-LM's ``parse_args`` and ``validate_args`` at core_v0.16.1 come from the
 each list is also pinned by a golden file (``golden/<case>.args``, one word per line;
 ``CLUSTERTRAIN_UPDATE_GOLDEN=1`` rewrites them). Cases: the flagship's seven models as Megatron models, and
 varied models covering swiglu, rmsnorm, untied embeddings, tp, pp with virtual stages, sequence parallelism,
-both recompute modes, the distributed optimizer on and off, a blend, bf16 reduction and fp32.
+both recompute modes, the distributed optimizer on and off, a blend, bf16 reduction and fp32, and Llama-style models
+(rope with and without Llama 3.1's scaling, grouped-query attention, no linear biases, ``preset: llama3-8b``).
 """
 
 from __future__ import annotations
@@ -72,6 +73,22 @@ VARIED = {
     "tp2-pp2-sp-constant": _model(
         "e", training={"schedule": "constant", "micro_batch": 1}, parallelism={"tp": 2, "pp": 2, "sequence_parallel": True,
                                                                                "zero_stage": 2}),
+    # Llama-style: rope (theta 500000), grouped-query attention (8 heads, 2 key/value heads split over tp 2), RMSNorm
+    # (eps 1e-6), SwiGLU with Llama's width rule, no linear biases, untied output
+    "llama-gqa-rope-tp2": _model(
+        "f", model={"kv_heads": 2, "position": "rope", "rope_theta": 500000, "norm": "rmsnorm", "norm_eps": 1e-6,
+                    "mlp": "swiglu", "ffn_multiple_of": 256, "bias": False, "tie_embeddings": False},
+        parallelism={"tp": 2, "sequence_parallel": True, "zero_stage": 1}),
+    # Llama 3.1's rope scaling (the one Megatron builds), GQA, tp 1 so validate_args runs to its end on CPU, the local
+    # transformer (--no-rope-fusion)
+    "llama31-rope-scaling-local": _model(
+        "g", model={"kv_heads": 4, "position": "rope", "rope_theta": 500000, "rope_scaling": {}, "norm": "rmsnorm",
+                    "mlp": "swiglu", "bias": False, "tie_embeddings": False},
+        parallelism={"pp": 2}, megatron={"transformer_impl": "local"}),
+    # the llama3-8b preset as it is, tp 2 x pp 2
+    "llama3-8b-tp2-pp2": {**_model("h", parallelism={"tp": 2, "pp": 2, "sequence_parallel": True, "zero_stage": 1},
+                                   training={"micro_batch": 1}),
+                          "model": {"preset": "llama3-8b"}},
 }
 
 
@@ -103,12 +120,20 @@ def _cases() -> list[tuple[str, list[str], int]]:
 CASES = _cases()
 
 
+#: the architecture as Megatron's parser (and validate_args) leave it
+ARCH_READ = ["position_embedding_type", "rotary_base", "rotary_percent", "use_rope_scaling", "rope_scaling_factor",
+             "apply_rope_fusion", "group_query_attention", "num_query_groups", "add_bias_linear", "add_qkv_bias",
+             "layernorm_epsilon", "normalization", "swiglu", "untie_embeddings_and_output_weights", "ffn_hidden_size",
+             "hidden_size", "num_attention_heads", "seq_length"]
+
+
 @pytest.fixture(scope="module")
 def parsed(tmp_path_factory):
     source = megatron_source(tmp_path_factory.mktemp("megatron-lm"))
     results = parse_with_megatron(source, [
         {"args": args, "world": world, "read": ["num_layers", "data_parallel_size", "use_distributed_optimizer",
-                                                 "recompute_granularity", "exit_signal", "data_path", "padded_vocab_size"]}
+                                                 "recompute_granularity", "exit_signal", "data_path", "padded_vocab_size",
+                                                 *ARCH_READ]}
         for _, args, world in CASES])
     return dict(zip([c[0] for c in CASES], results))
 
@@ -137,16 +162,38 @@ def test_what_megatron_read_is_what_the_project_says(parsed):
 
 
 @pytest.mark.slow
+def test_megatron_reads_the_llama_architecture(parsed):
+    gqa = parsed["llama-gqa-rope-tp2"].values
+    assert (gqa["position_embedding_type"], gqa["rotary_base"], gqa["rotary_percent"]) == ("rope", 500000, 1.0)
+    assert (gqa["group_query_attention"], gqa["num_query_groups"], gqa["num_attention_heads"]) == (True, 2, 8)
+    assert (gqa["add_bias_linear"], gqa["add_qkv_bias"], gqa["layernorm_epsilon"]) == (False, False, 1e-6)
+    assert (gqa["normalization"], gqa["swiglu"], gqa["untie_embeddings_and_output_weights"]) == ("RMSNorm", True, True)
+    assert gqa["ffn_hidden_size"] == 1536 and gqa["use_rope_scaling"] is False   # 2/3 x 4 x 512 = 1365 -> 256s
+    scaled = parsed["llama31-rope-scaling-local"]
+    assert scaled.validated, scaled.stopped                                      # tp 1: validate_args to its end
+    assert (scaled.values["use_rope_scaling"], scaled.values["rope_scaling_factor"]) == (True, 8.0)
+    assert scaled.values["apply_rope_fusion"] is False and scaled.values["num_query_groups"] == 4
+    preset = parsed["llama3-8b-tp2-pp2"].values
+    assert (preset["hidden_size"], preset["num_query_groups"], preset["ffn_hidden_size"], preset["seq_length"],
+            preset["padded_vocab_size"], preset["rotary_base"]) == (4096, 8, 14336, 8192, 128256, 500000)
+    classic = parsed["tp2-pp2-sp-constant"].values                              # the classic GPT stays Megatron's default
+    assert (classic["position_embedding_type"], classic["add_bias_linear"], classic["group_query_attention"],
+            classic["normalization"], classic["layernorm_epsilon"]) == ("learned_absolute", True, False, "LayerNorm", 1e-5)
+
+
+@pytest.mark.slow
 def test_megatron_refuses_what_clustertrain_must_never_render(tmp_path_factory):
     """The harness can fail: an option Megatron does not know is refused by its parser, and a sequence longer
     than the positions fails its validate_args (the rule megatron.rules checks as megatron.max_position_embeddings)."""
     source = megatron_source(tmp_path_factory.mktemp("megatron-lm-bad"))
     _, args, world = next(c for c in CASES if c[0] == "pp4-vp2-full-recompute-ddp")  # tp 1: validate_args runs on CPU
     bad = parse_with_megatron(source, [{"args": args + ["--no-such-option"], "world": world},
-                                       {"args": args + ["--seq-length", "8192"], "world": world}])
+                                       {"args": args + ["--seq-length", "8192"], "world": world},
+                                       {"args": args + ["--rotary-base", "500000.5"], "world": world}])
     assert not bad[0].accepted and "--no-such-option" in bad[0].error
     assert bad[1].accepted and bad[1].validated is False and not bad[1].cuda_stop
     assert "max_position_embeddings" in bad[1].stopped
+    assert not bad[2].accepted and "--rotary-base" in bad[2].error   # an int: why model.rope_theta must be whole
 
 
 @pytest.mark.parametrize("case", [c[0] for c in CASES])

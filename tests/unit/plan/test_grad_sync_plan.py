@@ -57,15 +57,21 @@ def test_the_plan_names_per_step_where_it_fits_and_sends_less(suggested):
     assert m7.dp_traffic["grad_sync"] == "per_microbatch" and m7.dp_traffic["reduces"] == 11
     assert m7.per_step["fits"] and m7.per_step["node_bytes"] < m7.dp_traffic["node_bytes"] / 10
     assert m7.per_step["memory_bytes"] > m7.memory["total"]
+    # reshard_after_forward false: per_microbatch gathers and reduce-scatters 11 times what per_step does once
+    assert m7.dp_traffic["node_bytes"] == pytest.approx(11 * m7.per_step["node_bytes"], rel=1e-9)
+    # per_step is the flagship's own choice: its memory is what the flagship's plan holds
+    assert m7.per_step["memory_bytes"] == make_plan(load_project(P5E)).model("model-7").memory["total"]
     text = render_plan(suggested, "table", 400)
     line = next(x for x in text.splitlines() if "model-7: try parallelism.grad_sync: per_step" in x)
-    assert "instead of 11" in line and "782.6 GB" in line and "101.7 GiB per GPU (fits)" in line
+    assert "instead of 11" in line and "77.2 GB into each node per step instead of 849.1 GB" in line
+    assert "114.7 GiB per GPU (fits)" in line
     assert "model-1: try parallelism.grad_sync" not in text  # model-1 already has it (the flagship's choice)
 
 
 def test_no_suggestion_where_per_step_does_not_fit():
     wide = make_plan(load_project(P5E, ["models.model-7.parallelism.grad_sync=per_microbatch",
                                         "models.model-7.model.seq_len=8192"]))
-    m7 = wide.model("model-7")   # 80.9 GiB with per_microbatch; per_step would need 127.4 of 126.4 usable
+    m7 = wide.model("model-7")   # 96.9 GiB with per_microbatch; per_step would need 147.2 of 126.4 usable
     assert m7.feasible and m7.per_step is not None and not m7.per_step["fits"]
+    assert m7.memory["total"] <= m7.memory_budget_bytes < m7.per_step["memory_bytes"]
     assert "model-7: try parallelism.grad_sync" not in render_plan(wide, "table", 400)

@@ -62,7 +62,9 @@ def test_the_flagship_has_no_plan_findings_and_under_ddp_each_model_is_an_error_
     assert plan_findings(load_project(P5E)) == []
     errors = [f for f in plan_findings(load_project(P5E, DDP)) if f.level == "error"]
     assert [f.path for f in errors] == [f"models[{i}].parallelism" for i in range(7)]
-    assert "model-7 is infeasible (builtin framework): does not fit: needs 290.2 GiB per GPU" in errors[6].message
+    assert "model-1 is infeasible (builtin framework): does not fit: needs 172.4 GiB per GPU" in errors[0].message
+    assert "model-7 is infeasible (builtin framework): does not fit: needs 319.3 GiB per GPU" in errors[6].message
+    assert "try parallelism.zero_stage: 3, parallelism.pp: 4" in errors[6].message
     assert "models[].parallelism" in errors[6].fix
 
 

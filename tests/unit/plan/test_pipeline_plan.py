@@ -25,7 +25,7 @@ from clustertrain.plan.memory import (
 )
 from clustertrain.plan.plan import make_plan
 from clustertrain.plan.render import render_plan
-from clustertrain.core.model_shape import ModelShape
+from clustertrain.core.model_shape import ModelShape, parameter_tensors
 from clustertrain.plan.traffic import data_parallel_traffic
 from clustertrain.resolve import load_project
 from clustertrain.train.config import ArchConfig, ParallelismConfig
@@ -40,7 +40,10 @@ LLAMA_30B = ModelShape(layers=60, hidden=6656, heads=52, seq_len=4096, vocab=320
                        norm="rmsnorm", tie_embeddings=False)
 #: small untied shapes; 7 layers do not divide into 2 or 3 stages, and the big vocabulary moves the split
 SMALL = [dict(layers=7, hidden=64, heads=4, seq_len=32, vocab=4096, mlp="swiglu", norm="rmsnorm", tie_embeddings=False),
-         dict(layers=8, hidden=32, heads=2, seq_len=16, vocab=64, tie_embeddings=False, dropout=0.1)]
+         dict(layers=8, hidden=32, heads=2, seq_len=16, vocab=64, tie_embeddings=False, dropout=0.1),
+         # Llama-style: rope (no pos_emb on the first stage), grouped-query attention, no linear biases
+         dict(layers=6, hidden=64, heads=4, kv_heads=2, seq_len=32, vocab=4096, position="rope", bias=False,
+              mlp="swiglu", norm="rmsnorm", tie_embeddings=False)]
 
 
 def pipelined(world: int, pp: int, dp: int = 1, tp: int = 1, v: int = 1, **kw) -> ParallelLayout:
@@ -73,15 +76,17 @@ def test_each_rank_holds_the_tensors_of_its_stages(kw, pp, v):
     arch = ArchConfig(**kw)
     shape = ModelShape.from_arch(arch, kw["vocab"])
     layout = pipelined(pp, pp, v=v)
-    held = 0
+    held, names = 0, {}
     for rank in range(pp):
         holder, _, stages = build_stage_model(arch, kw["vocab"], layout, rank)
         n, tensors = sum(p.numel() for p in holder.parameters()), len(list(holder.parameters()))
+        names |= {name: tuple(p.shape) for name, p in holder.named_parameters()}
         assert trainer_state_bytes(shape, layout, rank) == (4 * n, 4 * n, 8 * n + 4 * tensors), rank
         parts = rank_parts(shape, layout, rank)
         assert (parts.stages, parts.first, parts.last) == (tuple(stages), 0 in stages, pp * v - 1 in stages)
         held += n
     assert held == shape.total_params()  # every parameter on exactly one pipeline rank (untied: no copy)
+    assert names == {t.name: t.shape for t in parameter_tensors(shape)}  # the stages hold the whole model's names
 
 
 def test_tp_and_fsdp_split_each_stage_as_they_split_the_model():
@@ -227,6 +232,6 @@ def test_the_p5_30b_example_plans_its_layout():
     assert (m.microbatches, m.memory_pp_rank) == (32, 0) and m.pipeline_bubble == 1 / 32
     assert m.dp_traffic["gathers"] == 1 and m.dp_traffic["seconds"] < 0.05 * m.dp_traffic["compute_seconds"]
     text = render_plan(plan, "table")
-    for needle in ("memory per GPU (the most loaded rank)", "42.1 GiB", "8.65s per step = 8.38s compute at 40% MFU + "
+    for needle in ("memory per GPU (the most loaded rank)", "41.9 GiB", "8.65s per step = 8.38s compute at 40% MFU + "
                    "0.26s pipeline bubble (pp 2 - 1) / (32 micro-batches) = 3.1%", "7.2 d"):
         assert needle in text, needle

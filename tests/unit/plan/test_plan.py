@@ -49,24 +49,49 @@ def test_flagship_is_the_seeds_plan_with_the_layouts_it_carries(flagship):
                             "grad_sync": "per_step"}
     assert large.layout["world"] == 112
     assert large.layout_text.startswith("fsdp 112, grads reduced once per step, bf16 params / fp32 reduce")
-    assert small.memory["total"] < 0.5 * small.memory_budget_bytes  # the example's comment says how much
-    assert 0.75 * large.memory_budget_bytes < large.memory["total"] < large.memory_budget_bytes  # per_step's price
-    for m in (small, large):
-        assert m.memory["weights"] == 4 * m.memory["params"] and m.memory["params"] < m.params / 80
+    # models 1-6 are one architecture (Llama 3 8B's shape on a 32k vocabulary), model 7 the 13.9B of the same family
+    assert [round(m.params / 1e9, 2) for m in flagship.models] == [7.24] * 6 + [13.85]
+    assert all(m.architecture == small.architecture for m in flagship.models[:6])
+    assert small.architecture.startswith("32 layers, hidden 4096, 32 heads, ffn 14336; Llama-style: rope, GQA 8 kv heads")
+    assert large.architecture.startswith("40 layers, hidden 5120, 40 heads, ffn 17920; Llama-style: rope, GQA 8 kv heads")
+    # from first principles (docstring of plan/memory.py): fp32 weights, gradients and AdamW (4 + 4 + 8 B) sharded over
+    # dp; per_step keeps every block gathered in bf16 with its unsharded fp32 gradient (2 + 4 B per parameter)
+    GiB = 1024**3
+    for m, dp in ((small, 88), (large, 112)):
+        assert m.params / dp <= m.memory["params"] < 1.01 * m.params / dp
+        assert m.memory["weights"] == m.memory["grads"] == 4 * m.memory["params"]
+        assert 0 <= m.memory["optimizer"] - 8 * m.memory["params"] < 4 * 1000  # + 4 B per tensor (AdamW's step)
+        assert m.memory["buffers"] == (2 + 4) * m.params
+        assert m.memory["total"] == (16 * m.memory["params"] + (m.memory["optimizer"] - 8 * m.memory["params"])
+                                     + m.memory["buffers"] + m.memory["activations"] + 3 * GiB)
         assert m.per_step is None and m.dp_traffic["grad_sync"] == "per_step" and m.dp_traffic["reduces"] == 1
+    # what the example's comments say: 65.8 and 114.7 GiB of 126.4 usable, per_step's price on model 7
+    assert 0.5 * small.memory_budget_bytes < small.memory["total"] < 0.6 * small.memory_budget_bytes
+    assert 0.9 * large.memory_budget_bytes < large.memory["total"] < large.memory_budget_bytes
+    assert round(small.memory["total"] / GiB, 1) == 65.8 and round(large.memory["total"] / GiB, 1) == 114.7
+    assert 10 <= max(m.days for m in flagship.models) < 11                  # "about 10.5 days"
     text = render_plan(flagship, "table")
     for needle in ("640", "15,360", "160 TiB", "$2,768.00/h", "allocation: 6 x 11 + 1 x 14 nodes", "fsdp 88", "fsdp 112",
-                   "memory per GPU (rank 0, the most loaded)", "57.5 GiB", "101.7 GiB", "126.4 GiB", "feasible"):
+                   "memory per GPU (rank 0, the most loaded)", "65.8 GiB", "114.7 GiB", "126.4 GiB", "10.5 d (1.5 weeks)",
+                   "7.24B", "13.85B", "feasible"):
         assert needle in text, needle
 
 
-def test_under_ddp_the_flagship_needs_155_and_290_gib_and_the_hint_names_the_fields(ddp_plan):
+def test_under_ddp_the_flagship_needs_172_and_319_gib_and_the_hint_names_the_fields(flagship, ddp_plan):
     assert not ddp_plan.feasible
     small, large = ddp_plan.models[0], ddp_plan.models[6]
-    assert "needs 154.6 GiB per GPU" in small.reasons[0] and "needs 290.2 GiB per GPU" in large.reasons[0]
-    assert "try parallelism.zero_stage: 3" in large.reasons[0]
+    assert "needs 172.4 GiB per GPU (ddp 616, bf16 params)" in small.reasons[0]
+    assert "needs 319.3 GiB per GPU (ddp 616, bf16 params)" in large.reasons[0]
+    # from first principles: every rank holds fp32 weights, gradients and AdamW (16 B per parameter), DDP's gradient
+    # buckets (4 B) and autocast's bf16 copy (2 B), the framework's 3 GiB, and the same activations as under FSDP2
+    GiB = 1024**3
+    for ddp, fsdp, needs, states in ((small, flagship.models[0], 172.4, 108), (large, flagship.models[6], 319.3, 206)):
+        assert (22 * ddp.params + fsdp.memory["activations"]) / GiB + 3 == pytest.approx(needs, abs=0.05)
+        assert round(16 * ddp.params / GiB) == states  # the example's comment: "108 GiB ... and 206 GiB" before activations
+    assert "try parallelism.zero_stage: 3, parallelism.pp: 2 (each rank then holds half the layers" in small.reasons[0]
+    assert "try parallelism.zero_stage: 3, parallelism.pp: 4 (each rank then holds a quarter of the layers" in large.reasons[0]
     text = render_plan(ddp_plan, "table")
-    assert "infeasible: model-7: does not fit: needs 290.2 GiB" in text and "NOT feasible" in text
+    assert "infeasible: model-7: does not fit: needs 319.3 GiB" in text and "NOT feasible" in text
 
 
 def test_json_and_markdown_carry_the_same_numbers(flagship, ddp_plan):
@@ -203,3 +228,42 @@ def test_calibrate_measures_and_predicts_a_cpu_step():
     assert 0 < cal.efficiency < 1
     plan = make_plan(project, cal)
     assert plan.models[0].step_time_s == pytest.approx(cal.predicted_step_s, rel=1e-6)
+
+
+#: model-7 pinned to a shape these tests name, whatever the flagship's own architecture is
+M7 = [f"models.model-7.model.{k}={v}" for k, v in (("layers", 40), ("hidden", 5120), ("heads", 40), ("ffn_hidden", 20480))]
+M7_LLAMA = [*M7, *(f"models.model-7.model.{k}={v}" for k, v in (
+    ("position", "rope"), ("kv_heads", 8), ("bias", "false"), ("norm", "rmsnorm"), ("mlp", "swiglu"),
+    ("tie_embeddings", "false")))]
+
+
+def test_the_plan_names_each_models_architecture():
+    plan = make_plan(load_project(P5E, M7_LLAMA))
+    line = ("model-7: 40 layers, hidden 5120, 40 heads, ffn 20480; Llama-style: rope, GQA 8 kv heads, RMSNorm, SwiGLU, "
+            "no bias, untied")
+    assert f"  - {line}" in render_plan(plan, "table", 400).splitlines()
+    assert f"- {line}" in render_plan(plan, "markdown").splitlines()
+    assert json.loads(render_plan(plan, "json"))["models"][6]["architecture"] == line.removeprefix("model-7: ")
+    classic = make_plan(load_project(P5E, [*M7, *(f"models.model-7.model.{k}={v}" for k, v in (
+        ("position", "learned"), ("kv_heads", "null"), ("bias", "true"), ("norm", "layernorm"), ("mlp", "gelu"),
+        ("tie_embeddings", "true")))]))
+    assert classic.model("model-7").architecture.endswith(
+        "; GPT-style: learned positions, MHA, LayerNorm, GELU, biases, tied")
+    # GQA: wk and wv are 8 x 128 = 1024 rows instead of 5120 in each of the 40 blocks
+    mha = make_plan(load_project(P5E, [*M7_LLAMA, "models.model-7.model.kv_heads=null"])).model("model-7")
+    assert mha.architecture.endswith("; Llama-style: rope, MHA, RMSNorm, SwiGLU, no bias, untied")
+    assert mha.params - plan.model("model-7").params == 40 * 2 * 5120 * (5120 - 1024)
+
+
+@pytest.mark.parametrize("command", ["plan", "check"])
+def test_tp_that_does_not_divide_kv_heads_is_refused_in_one_line(command, capsys):
+    from clustertrain.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main([command, str(P5E), *(a for s in [*M7, "models.model-7.model.kv_heads=4",
+                                               "models.model-7.parallelism.tp=8"] for a in ("--set", s))])
+    out = capsys.readouterr()
+    assert done.value.code == 2
+    lines = [ln for ln in (out.out + out.err).splitlines() if "kv_heads" in ln]
+    assert len(lines) == 1, lines
+    assert "models[6].parallelism.tp: tp=8 does not divide model.kv_heads=4" in lines[0] and "valid tp: 1, 2, 4" in lines[0]

@@ -47,8 +47,13 @@ def test_every_table_line_fits_the_width_and_every_figure_stays_whole(flagship, 
     text = render_plan(flagship, "table", width)
     assert max(len(line) for line in table_lines(text)) <= width
     shown = cells(text)
-    for whole in ("$112,521", "26,016", "20,588", "101.7", "126.4 GiB"):  # model-7's cost and GPU-h, model-1's ...
+    for whole in ("$120,412", "27,841", "22,167", "114.7", "126.4 GiB"):  # model-7's cost and GPU-h, model-1's ...
         assert whole in shown, (width, whole)
+    # the architecture lines under the models table are not cut either: each model's shape stays on one line
+    lines = text.splitlines()
+    for shape in ("model-6: 32 layers, hidden 4096, 32 heads, ffn 14336; Llama-style: rope, GQA 8 kv heads",
+                  "  - model-7: 40 layers, hidden 5120, 40 heads, ffn 17920; Llama-style: rope, GQA 8 kv heads"):
+        assert any(shape in line for line in lines), (width, shape)
     hidden = re.findall(r"not shown at this width: (.*) \(widen the terminal, or --format json\)", text)
     if width < 100:
         assert hidden and "tokens" in hidden[0]  # left out, and said

@@ -26,6 +26,10 @@ ARCHS = [
     dict(layers=2, hidden=64, heads=4, seq_len=32),
     dict(layers=3, hidden=96, heads=6, seq_len=16, mlp="swiglu", norm="rmsnorm", tie_embeddings=False),
     dict(layers=1, hidden=128, heads=8, seq_len=64, ffn_hidden=200, norm="rmsnorm"),
+    # Llama-style: rotary positions (no pos_emb), grouped-query attention, no linear biases, untied, RMSNorm, SwiGLU
+    dict(layers=2, hidden=64, heads=4, kv_heads=2, seq_len=32, position="rope", bias=False, mlp="swiglu",
+         norm="rmsnorm", norm_eps=1e-6, tie_embeddings=False),
+    dict(layers=1, hidden=96, heads=6, kv_heads=1, seq_len=16, position="rope", mlp="swiglu", norm="rmsnorm"),  # MQA, biases
 ]
 
 
@@ -86,8 +90,12 @@ def test_fsdp_times_tp_shards_by_hand():
     assert trainer_state_bytes(TINY, layout, rank=5)[0] == 4 * 108
 
 
+LLAMA = ModelShape(layers=3, hidden=96, heads=6, seq_len=16, vocab=320, ffn_dim=256, mlp="swiglu", norm="rmsnorm",
+                   tie_embeddings=False, kv_heads=2, position="rope", bias=False)
+
+
 @pytest.mark.parametrize("shape", [TINY, ModelShape(layers=3, hidden=96, heads=6, seq_len=16, vocab=320, ffn_dim=256,
-                                                    mlp="swiglu", norm="rmsnorm", tie_embeddings=False)])
+                                                    mlp="swiglu", norm="rmsnorm", tie_embeddings=False), LLAMA])
 @pytest.mark.parametrize("dp", [2, 3, 4, 5])
 def test_fsdp_shards_partition_the_model_and_rank_0_is_the_most_loaded(shape, dp):
     ddp = trainer_state_bytes(shape, ParallelLayout(world=1, dp=1))
@@ -100,8 +108,25 @@ def test_fsdp_shards_partition_the_model_and_rank_0_is_the_most_loaded(shape, dp
     assert ranks[0][0] == 4 * expect                                                    # ceil(rows / dp) rows per tensor
 
 
-def test_tp_2_halves_the_split_tensors_and_keeps_the_replicated_ones():
-    shape = ModelShape(layers=2, hidden=64, heads=4, seq_len=32, vocab=320, ffn_dim=256, tie_embeddings=False)
+def test_tp_2_gives_each_rank_whole_key_value_heads():
+    """GQA: wk/wv are [kv_heads x head_dim, h]; tp 2 over kv_heads 2 leaves each rank one head (head_dim rows)."""
+    shape = ModelShape(layers=1, hidden=64, heads=4, seq_len=32, vocab=320, ffn_dim=128, kv_heads=2, position="rope",
+                       bias=False, norm="rmsnorm", mlp="swiglu")
+    tp2 = ParallelLayout(world=2, dp=1, tp=2, zero_stage=3)
+    tensors = {t.name: t for t in parameter_tensors(shape)}
+    assert "pos_emb.weight" not in tensors and not any(n.endswith(".bias") for n in tensors)
+    for rank in (0, 1):
+        assert local_shape(tensors["blocks.0.attn.wk.weight"], tp2, rank) == (16, 64)   # one kv head of 16
+        assert local_shape(tensors["blocks.0.attn.wq.weight"], tp2, rank) == (32, 64)   # two query heads
+    # per rank: tok_emb 160x64 + wq 32x64 + wk, wv 16x64 + wo 64x32 + gate, up 64x64 + down 64x64 + norms 3 x 64
+    local = 160 * 64 + 32 * 64 + 2 * 16 * 64 + 64 * 32 + 2 * 64 * 64 + 64 * 64 + 3 * 64
+    assert trainer_state_bytes(shape, tp2)[0] == 4 * local
+
+
+@pytest.mark.parametrize("gqa", [False, True])
+def test_tp_2_halves_the_split_tensors_and_keeps_the_replicated_ones(gqa):
+    shape = ModelShape(layers=2, hidden=64, heads=4, seq_len=32, vocab=320, ffn_dim=256, tie_embeddings=False,
+                       **(dict(kv_heads=2, position="rope", bias=False) if gqa else {}))
     tp2 = ParallelLayout(world=2, dp=1, tp=2, zero_stage=3)
     one = ParallelLayout(world=1, dp=1)
     split = replicated = 0
@@ -188,3 +213,60 @@ def test_flash_attention_keeps_only_the_log_sum_exp():
     s, b, h, a = 2048, 1, 1024, 16
     layout = ParallelLayout(world=1, dp=1, param_dtype="bf16")
     assert layer_activation_bytes(sh, layout, micro_batch=b) == 34 * s * b * h + 4 * a * s * b
+
+
+def _saved_bytes(block, x) -> int:
+    """Bytes autograd saves for backward in ``block(x)`` (activations: not the parameters), each storage once."""
+    params = {p.untyped_storage().data_ptr() for p in block.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in params:
+            storages[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        block(x)
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("flash", [True, False], ids=["flash", "math"])
+@pytest.mark.parametrize("kw", [ARCHS[0], ARCHS[3], dict(ARCHS[3], kv_heads=4, position="learned", bias=True)],
+                         ids=["gpt", "llama-gqa", "llama-mha-learned"])
+def test_block_activations_are_what_autograd_saves(kw, flash):
+    """layer_activation_bytes against the tensors autograd really saves in one block's forward (fp32, CPU): K and V
+    are kv_heads wide under flash attention and repeated to every query head by the math kernel; rotary positions add
+    only their cos/sin tables. What the formula leaves out, stated: the norms' fp32 statistics, the rope tables, and
+    — the CPU build's RMSNorm being a decomposition — its normalised copy (CUDA's fused kernel keeps only the input)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from clustertrain.train.model import Block
+
+    arch, b = ArchConfig(**kw), 2
+    torch.manual_seed(0)
+    block = Block(arch)
+    x = torch.randn(b, arch.seq_len, arch.hidden, requires_grad=True)
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION if flash else SDPBackend.MATH):
+        saved = _saved_bytes(block, x)
+    shape = ModelShape.from_arch(arch, 320)
+    sb = arch.seq_len * b
+    stats = 2 * (8 * sb if arch.norm == "layernorm" else 4 * sb)
+    rope = 2 * 4 * arch.seq_len * arch.head_dim if arch.position == "rope" else 0
+    cpu_rmsnorm = 2 * 4 * sb * arch.hidden if arch.norm == "rmsnorm" else 0
+    planned = layer_activation_bytes(shape, ParallelLayout(world=1, dp=1, param_dtype="fp32"), micro_batch=b,
+                                     flash_attention=flash)
+    assert saved == planned + stats + rope + cpu_rmsnorm
+    if shape.kv_head_count < shape.heads and flash:   # fewer key/value heads save less than multi-head attention would
+        mha = layer_activation_bytes(ModelShape.from_arch(arch.model_copy(update={"kv_heads": None}), 320),
+                                     ParallelLayout(world=1, dp=1, param_dtype="fp32"), micro_batch=b)
+        assert planned == mha - 2 * 4 * sb * (arch.hidden - shape.kv_dim)
+
+
+@pytest.mark.parametrize("kw", ARCHS)
+def test_calibration_times_the_optimizer_over_the_models_own_parameters(kw):
+    """plan.calibrate times AdamW and clipping over tensors of these sizes: the model's, element for element."""
+    from clustertrain.plan.calibrate import _param_sizes
+
+    shape = ModelShape.from_arch(ArchConfig(**kw), 320)
+    assert sum(_param_sizes(shape)) == shape.total_params()

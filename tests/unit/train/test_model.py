@@ -4,7 +4,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from clustertrain.train.config import ArchConfig, TrainingConfig
-from clustertrain.train.model import GPT, flops_per_token, loss_fn, padded_vocab
+from clustertrain.train.model import GPT, apply_rope, flops_per_token, loss_fn, padded_vocab, rope_tables
 from clustertrain.train.optim import build_optimizer, lr_at
 
 
@@ -30,18 +30,26 @@ def test_swiglu_untied_and_rmsnorm():
     assert model(torch.zeros(1, 8, dtype=torch.long)).shape == (1, 8, 256)
 
 
+LLAMA_STYLE = dict(heads=4, kv_heads=2, position="rope", bias=False, mlp="swiglu", norm="rmsnorm", tie_embeddings=False)
+
+
+@pytest.mark.parametrize("arch_kw", [{}, LLAMA_STYLE], ids=["gpt", "llama-gqa-rope"])
 @pytest.mark.parametrize("seq_len", [16, 256])
-def test_flops_per_token_matches_what_torch_counts(seq_len):
+def test_flops_per_token_matches_what_torch_counts(seq_len, arch_kw):
     """flops_per_token against torch's FLOP counter on a real forward+backward of the model (not the formula
-    re-typed). N is torch's own parameter count without the embeddings. The blocks' matmuls are 6·N (biases
-    and norms, in N but no matmul, are < 1 %); the attention term is half of the QK^T and AV products the
-    math kernel executes, as a causal mask needs only the lower triangle; the tied output projection is
-    outside N and left out."""
+    re-typed). N is torch's own parameter count without the embeddings and the output layer. The blocks' matmuls
+    are 6·N (biases and norms, in N but no matmul, are < 1 %); the attention term is half of the QK^T and AV
+    products the math kernel executes, as a causal mask needs only the lower triangle; the output projection (tied
+    or not) is outside N and left out. Grouped-query attention: the math kernel repeats each key/value head to its
+    query heads before its bmm (``torch/nn/attention`` math path; torch 2.13's ``sdpa_flop_count`` also takes fewer
+    key/value heads), so attention costs every query head's QK^T and AV — the formula's H·head_dim — while the
+    smaller wk/wv shrink N. Rotary positions are elementwise (no matmul): nothing to add."""
     vocab = 64
-    arch = ArchConfig(layers=2, hidden=128, heads=2, seq_len=seq_len)
+    arch = ArchConfig(**{"layers": 2, "hidden": 128, "heads": 2, "seq_len": seq_len, **arch_kw})
     torch.manual_seed(0)
     model = GPT(arch, vocab)
-    n = sum(p.numel() for name, p in model.named_parameters() if not name.startswith(("tok_emb.", "pos_emb.")))
+    n = sum(p.numel() for name, p in model.named_parameters() if not name.startswith(("tok_emb.", "pos_emb.", "head.")))
+    assert n == model.num_params(non_embedding=True)
     x = torch.randint(0, vocab, (1, seq_len))
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         loss_fn(model(x), x).backward()
@@ -101,3 +109,25 @@ def test_no_weight_decay_on_vectors():
     decay, no_decay = opt.param_groups
     assert all(p.dim() >= 2 for p in decay["params"]) and decay["weight_decay"] == 0.1
     assert all(p.dim() == 1 for p in no_decay["params"]) and no_decay["weight_decay"] == 0.0
+
+
+def test_a_tensor_parallel_half_of_gqa_heads_computes_their_share_of_attention():
+    """Grouped-query attention split as tp 2 splits it (the first half of the rows of wq, wk and wv: query heads 0-3
+    and key/value head 0 of 2): rank 0's attention output is the first half of the whole model's, heads in order —
+    query head i reads key/value head i // (heads / kv_heads), the grouping a row split keeps together."""
+    import torch.nn.functional as F
+
+    arch = ArchConfig(layers=1, hidden=64, heads=8, kv_heads=2, seq_len=8, position="rope", bias=False)
+    attn = GPT(arch, 64, seed=1).blocks["0"].attn
+    x = torch.randn(2, 8, 64)
+    b, t, d = 2, 8, arch.head_dim
+    full = {}
+    attn.wo.register_forward_hook(lambda m, args, out: full.setdefault("y", args[0]))
+    attn(x)
+    cos, sin = rope_tables(arch, t, x.device)
+    q = apply_rope(F.linear(x, attn.wq.weight[:32]).view(b, t, 4, d).transpose(1, 2), cos, sin)
+    k = apply_rope(F.linear(x, attn.wk.weight[:8]).view(b, t, 1, d).transpose(1, 2), cos, sin)
+    v = F.linear(x, attn.wv.weight[:8]).view(b, t, 1, d).transpose(1, 2)
+    half = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).transpose(1, 2).reshape(b, t, 32)
+    assert torch.allclose(full["y"][..., :32], half, atol=1e-6)
+    assert not torch.allclose(full["y"][..., 32:], half, atol=1e-3)  # the other half reads the other key/value head

@@ -27,9 +27,17 @@ def test_resolve_layout_names_the_field():
 
 def test_structure_problems_for_heads_ffn_and_vocab():
     arch = ArchConfig(layers=2, hidden=40, heads=5, seq_len=16, vocab=100, ffn_hidden=60)
-    problems = dict(structure_problems(arch, ParallelismConfig(tp=2, zero_stage=3)))
-    assert "does not divide model.heads=5; valid tp: 1, 5" in problems["parallelism.tp"]
-    assert "model.vocab" not in problems  # 100 is divisible by 2
+    problems = structure_problems(arch, ParallelismConfig(tp=2, zero_stage=3))
+    assert [field for field, _ in problems] == ["parallelism.tp", "parallelism.tp"]  # 100 is divisible by 2
+    assert "does not divide model.heads=5; valid tp: 1, 5" in problems[0][1]
+    assert "does not divide model.kv_heads=5 (each tensor-parallel rank holds whole key/value heads); valid tp: 1, 5" \
+        in problems[1][1]  # kv_heads defaults to heads
+    # grouped-query attention: 8 query heads split 4 ways, but not 2 key/value heads
+    gqa = ArchConfig(layers=2, hidden=64, heads=8, kv_heads=2, seq_len=16, vocab=128)
+    assert structure_problems(gqa, ParallelismConfig(tp=4, zero_stage=3)) == [
+        ("parallelism.tp", "tp=4 does not divide model.kv_heads=2 (each tensor-parallel rank holds whole key/value "
+                           "heads); valid tp: 1, 2")]
+    assert structure_problems(gqa, ParallelismConfig(tp=2, zero_stage=3)) == []
     arch = ArchConfig(layers=2, hidden=64, heads=4, seq_len=16, vocab=102)
     assert dict(structure_problems(arch, ParallelismConfig(tp=4, zero_stage=3)))["model.vocab"].endswith("round it up to 104")
 

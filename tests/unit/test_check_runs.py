@@ -16,6 +16,9 @@ from clustertrain.resolve import load_project
 
 ROOT = Path(__file__).resolve().parents[2]
 P5E = ROOT / "examples" / "p5e-80x7.yaml"
+#: model-1's data.blend as a --set value
+BASELINE = "[" + ", ".join(f"{{source: '{b.source}', weight: {b.weight}}}"
+                           for b in load_project(P5E).models[0].data.blend) + "]"
 
 
 def findings(overrides: list[str], section: str, path_prefix: str):
@@ -64,15 +67,16 @@ def test_plan_tokens_that_max_steps_does_not_train_are_flagged():
 
 
 def test_identical_models_are_named():
-    # model-6 is model-1's mixture with another seed: with model-1's seed it is model-1 again
-    same = ["models.5.training.seed=1001",
+    # model-6 given model-1's mixture and seed is model-1 again
+    same = ["models.5.training.seed=1001", f"models.5.data.blend={BASELINE}",
             "models.5.training.checkpoint_every=500"]  # how often it saves does not make another model
     [f] = findings(same, "plan", "models[5].training.seed")
     assert f.level == "warning"
     assert f.message.startswith("model-1, model-6 are identical: the same architecture, data (the same blend of 5 "
                                 "sources), training settings and seed (1001)")
-    # another seed (or data, or lr) is another run
+    # another seed (or data, or lr) is another run; as written, model-6 has its own mixture and seed
     assert findings(same[1:], "plan", "models[5].training.seed") == []
+    assert findings([same[0], same[2]], "plan", "models[5].training.seed") == []
     assert findings([*same, "models.5.training.lr=2e-4"], "plan", "models[5].training.seed") == []
     assert [f for f in findings([], "plan", "models[") if "identical" in f.message] == []
 
@@ -123,3 +127,18 @@ def test_min_count_below_max_count_on_a_targeted_reservation():
     # without a reservation, scaling to zero is the point
     assert findings(["aws.queues.0.min_count=0", "aws.queues.0.capacity_reservation_id=null"], "cluster",
                     "aws.queues[0].min_count") == []
+
+
+def test_the_flagships_six_ablation_models_differ_in_data_and_seed_and_nothing_else():
+    """Issue 39: models 1-6 are one Llama-family architecture, budget and schedule; each pair differs in its blend
+    (as shares) and its seed."""
+    models = load_project(P5E).models[:6]
+    shares = [tuple(sorted((b.source, round(b.weight / sum(x.weight for x in m.data.blend), 6)) for b in m.data.blend))
+              for m in models]
+    assert len(set(shares)) == 6 and len({m.training.seed for m in models}) == 6
+    base = models[0]
+    for m in models[1:]:
+        assert m.model == base.model and m.parallelism == base.parallelism and m.plan == base.plan
+        assert m.training.model_copy(update={"seed": base.training.seed}) == base.training
+    assert (base.model.position, base.model.norm, base.model.mlp, base.model.bias, base.model.kv_head_count) == \
+        ("rope", "rmsnorm", "swiglu", False, 8)

@@ -116,13 +116,19 @@ def test_a_blend_loads_for_either_trainer(tmp_path):
         assert not [f for f, _ in entry.structure_problems() if f.startswith("data")]
 
 
-def test_a_blend_source_of_another_tokenizer_is_refused_under_its_field_before_anything_is_staged(tmp_path, two_sources):
-    web, code = two_sources
+def _other_tokenizers_dataset(tmp_path, text):
+    """A prepared dataset whose manifest names another tokenizer than ``byte``."""
     other = tmp_path / "other" / "ds"
     other.parent.mkdir()
-    prepare_dataset([str(code)], other, "byte")
+    prepare_dataset([str(text)], other, "byte")
     manifest = other.with_suffix(".manifest.json")
     manifest.write_text(manifest.read_text().replace('"byte-v1"', '"hf-0123456789abcdef"'))  # another tokenizer's data
+    return other
+
+
+def test_a_blend_source_of_another_tokenizer_is_refused_under_its_field_before_anything_is_staged(tmp_path, two_sources):
+    web, code = two_sources
+    other = _other_tokenizers_dataset(tmp_path, code)
     cfg = DataConfig(blend=[{"source": str(web), "weight": 1}, {"source": str(other), "weight": 1}], workers=1)
     before = snapshot(tmp_path)
     with pytest.raises(DataError) as e:
@@ -173,11 +179,7 @@ def _megatron_project(tmp_path: Path, data: dict, steps: int = 1):
 
 def test_check_reads_every_source_of_a_blend_under_its_own_field(tmp_path, two_sources):
     web, code = two_sources
-    other = tmp_path / "other" / "ds"
-    other.parent.mkdir()
-    prepare_dataset([str(code)], other, "byte")
-    manifest = other.with_suffix(".manifest.json")
-    manifest.write_text(manifest.read_text().replace('"byte-v1"', '"hf-0123456789abcdef"'))  # another tokenizer's data
+    other = _other_tokenizers_dataset(tmp_path, code)
     project = _megatron_project(tmp_path, {"blend": [
         {"source": str(web), "weight": 1}, {"source": str(tmp_path / "missing.jsonl"), "weight": 1},
         {"source": str(other), "weight": 1}, {"source": "builtin:shakespear", "weight": 1}]})

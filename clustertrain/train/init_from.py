@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -153,20 +152,17 @@ def read_source(path: Path, shown: str | None = None) -> HFSource:
 
 
 def _header(file: Path, shown: str) -> dict[str, list[int]]:
-    """Tensor name -> shape from a safetensors file's header (8-byte little-endian length, then JSON: the format in
-    huggingface/safetensors ``README.md``)."""
+    """Tensor name -> shape from a safetensors file's header (``safe_open`` reads the header only)."""
+    from safetensors import safe_open
+
     where = f"{shown.rstrip('/')}/{file.name}"
+    if not file.is_file():
+        raise InitFromError(FIELD, f"{where}: missing (the index names it)", AGAIN)
     try:
-        with open(file, "rb") as f:
-            size = struct.unpack("<Q", f.read(8))[0]
-            if size > 100 * 2**20:
-                raise ValueError(f"a header of {size:,} bytes")
-            header = json.loads(f.read(size))
-    except FileNotFoundError:
-        raise InitFromError(FIELD, f"{where}: missing (the index names it)", AGAIN) from None
-    except (OSError, ValueError, struct.error) as e:
-        raise InitFromError(FIELD, f"{where} is not a safetensors file ({e})", AGAIN) from None
-    return {k: list(v["shape"]) for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)}
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            return {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
+    except Exception as e:  # safetensors raises its own SafetensorError (an Exception) for a damaged file
+        raise InitFromError(FIELD, f"{where} is not a safetensors file ({str(e).splitlines()[0]})", AGAIN) from None
 
 
 # -- the ranks ----------------------------------------------------------------------------------------------
@@ -192,11 +188,11 @@ def load_weights(model, arch: "ArchConfig", source: HFSource) -> int:
 
     import torch
     from safetensors import safe_open
-    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor import DTensor, Replicate, Shard
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     from clustertrain.core.hf_format import from_hf, source_index
-    from clustertrain.train.model import clean_fqn
+    from clustertrain.train.model import clean_fqn, copy_shard
 
     index = source_index(arch)
     with ExitStack() as stack, torch.no_grad():
@@ -228,10 +224,7 @@ def load_weights(model, arch: "ArchConfig", source: HFSource) -> int:
             else:
                 full = from_hf(arch, name, lambda n: handle(n).get_tensor(n), index)
                 _check_shape(name, list(full.shape), list(p.shape), source)
-                full = full.to(device=local.device, dtype=local.dtype)
-                if isinstance(p, DTensor):
-                    full = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local()
-                local.copy_(full)
+                copy_shard(p, full.to(device=local.device, dtype=local.dtype))
             count += 1
     return count
 

@@ -239,7 +239,7 @@ class GPT(nn.Module):
             device = _local(p).device
             gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
             full = torch.empty(p.shape, dtype=p.dtype, device=device).normal_(0.0, scale, generator=gen)
-            _copy_shard(p, full)
+            copy_shard(p, full)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Token ids -> logits (the whole model); a stage: ids or hidden states in, hidden states or logits out."""
@@ -285,7 +285,8 @@ def _fill_local(p: torch.Tensor, value: float) -> None:
     _local(p).fill_(value)
 
 
-def _copy_shard(p: torch.Tensor, full: torch.Tensor) -> None:
+def copy_shard(p: torch.Tensor, full: torch.Tensor) -> None:
+    """Copy this rank's part of the full tensor ``full`` into ``p`` (a plain tensor, or a DTensor of any placements)."""
     if not hasattr(p, "device_mesh"):
         p.copy_(full)
         return

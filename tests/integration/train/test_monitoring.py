@@ -34,7 +34,12 @@ def test_a_rank_slow_in_its_data_path_is_named_a_straggler(tiny_project, tmp_pat
     assert stragglers[0].node == timing[1][0].node and "rank 1" in stragglers[0].message
     rows = metrics(run_dir)
     assert {(r["slowest_rank"], r["slowest_part"]) for r in rows[1:]} == {(1, "data")}
-    assert all(r["spread_s"] >= 0.07 for r in rows[1:])
+    # the spread is the ranks' own time (data + forward) max - min at that step; rank 1's 0.08 s of data dominates it,
+    # but under load rank 0's forward can run long, so it is checked against the recorded parts, not a fixed floor
+    own = {k: {r.step: r.data_s + r.forward_s for r in records} for k, records in timing.items()}
+    for row in rows[1:]:
+        at = [own[k][row["step"]] for k in (0, 1)]
+        assert row["spread_s"] == pytest.approx(max(at) - min(at), abs=2e-3), (row, at)
     shown = run_cli("status", str(project), "--run-dir", str(run_dir), "--json")  # and `status` shows it
     assert shown.returncode == 0, shown.stdout
     (model,) = json.loads(shown.stdout)

@@ -240,19 +240,47 @@ class IndexedWriter:
         self.n_tokens = 0
 
     def add_item(self, tokens: np.ndarray | Sequence[int]) -> None:
-        arr = np.asarray(tokens, dtype=self.dtype)
-        self._bin.write(arr.tobytes())
+        arr = np.ascontiguousarray(tokens, dtype=self.dtype)
+        self._bin.write(memoryview(arr))
         self._lengths.append(arr.size)
         self.n_sequences += 1
         self.n_tokens += arr.size
 
     def add_items(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
-        """Append many sequences at once: ``tokens`` concatenated, ``lengths`` per sequence."""
-        arr = np.asarray(tokens, dtype=self.dtype)
-        self._bin.write(arr.tobytes())
+        """Append many sequences at once: ``tokens`` concatenated, ``lengths`` per sequence (written as they are, no
+        copy, when already contiguous in the dataset's dtype)."""
+        arr = np.ascontiguousarray(tokens, dtype=self.dtype)
+        self._bin.write(memoryview(arr))
         self._lengths.extend(lengths)
         self.n_sequences += len(lengths)
         self.n_tokens += arr.size
+
+    def add_items_from(self, fd: int, nbytes: int, lengths: np.ndarray) -> None:
+        """Append many sequences whose tokens, already in this dataset's dtype, are the first ``nbytes`` of the open
+        file ``fd``: copied by the kernel (``os.copy_file_range``, no trip through this process's memory) where the
+        file system allows, else read and written."""
+        if nbytes % self.dtype.itemsize:
+            raise ValueError(f"{nbytes} bytes is not a whole number of {self.dtype} tokens")
+        self._bin.flush()
+        out, done = self._bin.fileno(), 0
+        copy = getattr(os, "copy_file_range", None)
+        while copy is not None and done < nbytes:
+            try:
+                n = copy(fd, out, nbytes - done, done)
+            except OSError:  # EXDEV, ENOSYS, EINVAL on some file systems: copy by hand below
+                break
+            if n <= 0:
+                break
+            done += n
+        while done < nbytes:
+            data = os.pread(fd, min(nbytes - done, 1 << 22), done)
+            if not data:
+                raise DataError(f"fd {fd}: {done} bytes, {nbytes} expected; the part file was truncated")
+            self._bin.write(data)
+            done += len(data)
+        self._lengths.extend(lengths)
+        self.n_sequences += len(lengths)
+        self.n_tokens += nbytes // self.dtype.itemsize
 
     def end_document(self) -> None:
         self._docs.append(self.n_sequences)

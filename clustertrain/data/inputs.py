@@ -7,9 +7,23 @@ Formats (``.gz`` is gunzipped, ``.zst`` needs the ``zstandard`` module):
 * anything else (``*.txt``, ...): **one document per file** — the whole file is one document (an empty file, none).
 
 :func:`blocks` cuts a file into blocks of whole lines (~256 KiB by default) (a text file is one block);
-:func:`parse_block` turns a block into texts and one-line messages for bad lines (naming file and
-line, or byte offset). Both preprocessing (:mod:`clustertrain.data.preprocess`) and tokenizer training
-(:mod:`clustertrain.data.tokenizers`) read their input through this module.
+:func:`parse_block` turns a block into texts and :class:`BadLine` entries for bad lines (each renders as a one-line
+message naming file and line, or byte offset). Both preprocessing (:mod:`clustertrain.data.preprocess`) and
+tokenizer training (:mod:`clustertrain.data.tokenizers`) read their input through this module.
+
+Blocks by reference. For an uncompressed JSONL file, ``blocks(..., by_reference=True)`` does not read the file: it
+seeks to every ``size``-th byte and reads forward only to the next newline, and each block carries (offset, length).
+The process that parses a block reads its bytes itself (:meth:`Block.loaded`, ``os.pread``), so the file is read
+once, in parallel, by the workers, and the main process never holds it. Such a block does not know its first line
+number (``first_line`` 0); a bad line's message gets it from :class:`LineCounter`, which counts newlines only when
+a message is printed.
+
+Parsing. Each line is parsed with `orjson <https://pypi.org/project/orjson/>`_ when it is installed (the JSONL
+reader of Hugging Face's datatrove uses it: ``src/datatrove/pipeline/readers/jsonl.py``), else with ``json``.
+orjson is used only for the lines it accepts whose key holds a string: there it returns the text ``json`` returns
+(it accepts no invalid UTF-8, no lone surrogate escape, no NaN). Every other line goes through ``json`` and the
+checks below, so what counts as a bad line, and its message, does not depend on orjson
+(tests/unit/data/test_data_inputs.py compares both on hostile lines).
 """
 
 from __future__ import annotations
@@ -24,6 +38,11 @@ from pathlib import Path
 from typing import IO, Iterable, Iterator
 
 from clustertrain.core.errors import DataError
+
+try:
+    from orjson import loads as _fast_loads
+except ImportError:  # optional: the json module gives the same texts, ~1.7x slower
+    _fast_loads = None
 
 BLOCK = 1 << 18  # small enough to balance slow (BPE) tokenizers across workers
 JSON_SUFFIXES = (".jsonl", ".json")
@@ -71,7 +90,7 @@ def _open_raw(path: Path) -> tuple[IO[bytes], IO[bytes]]:
 class Block:
     path: str
     jsonl: bool
-    first_line: int  # 1-based line number of the first line (jsonl)
+    first_line: int  # 1-based line number of the first line (jsonl); 0: not known (a block by reference)
     offset: int  # byte offset of the block in the (decompressed) file
     data: bytes
     length: int = 0  # a block by reference (empty data): its bytes are these many at ``offset`` of ``path``
@@ -101,26 +120,21 @@ def blocks(path: Path, progress, size: int = BLOCK, by_reference: bool = False) 
                 progress(raw.tell())
                 yield Block(str(path), False, 1, 0, data)
                 return
+            if by_reference and stream is raw:
+                yield from _ranges(raw, path, size, progress)
+                return
             line, offset, rest = 1, 0, b""
-            by_reference = by_reference and stream is raw
             while True:
                 chunk = _read(stream, path, size)
                 progress(raw.tell())
                 if not chunk:
                     if rest:
-                        yield (Block(str(path), True, line, offset, b"", len(rest)) if by_reference
-                               else Block(str(path), True, line, offset, rest))
+                        yield Block(str(path), True, line, offset, rest)
                     return
                 data = rest + chunk
                 cut = data.rfind(b"\n") + 1
                 if cut == 0:
                     rest = data
-                    continue
-                if by_reference:
-                    yield Block(str(path), True, line, offset, b"", cut)
-                    line += data.count(b"\n", 0, cut)
-                    offset += cut
-                    rest = data[cut:]
                     continue
                 block, rest = data[:cut], data[cut:]
                 yield Block(str(path), True, line, offset, block)
@@ -129,6 +143,68 @@ def blocks(path: Path, progress, size: int = BLOCK, by_reference: bool = False) 
     finally:
         if stream is not raw:
             stream.close()
+
+
+def _ranges(raw: IO[bytes], path: Path, size: int, progress) -> Iterator[Block]:
+    """Blocks by reference of an uncompressed JSONL file, each ending at the first newline at or after a multiple of
+    ``size`` (or at the end of the file), found by reading forward from there: the file itself is not read."""
+    fd, end, offset = raw.fileno(), os.fstat(raw.fileno()).st_size, 0
+    while offset < end:
+        cut = pos = offset + size
+        while cut < end:
+            window = os.pread(fd, 1 << 16, pos)
+            if not window:
+                cut = end
+            elif (i := window.find(b"\n")) >= 0:
+                cut = pos + i + 1
+                break
+            else:
+                pos += len(window)
+                cut = pos
+        cut = min(cut, end)
+        yield Block(str(path), True, 0, offset, b"", cut - offset)
+        progress(cut)
+        offset = cut
+
+
+class LineCounter:
+    """Line numbers of byte offsets, for the messages of blocks by reference: counts the newlines before an offset,
+    going on from the previous question about the same file (blocks are answered in order: one pass at most)."""
+
+    def __init__(self) -> None:
+        self._at: dict[str, tuple[int, int]] = {}  # path -> (offset, newlines before it)
+
+    def line_at(self, path: str, offset: int) -> int:
+        pos, count = self._at.get(path, (0, 0))
+        if offset < pos:
+            pos, count = 0, 0
+        with open(path, "rb") as f:
+            while pos < offset:
+                data = os.pread(f.fileno(), min(1 << 22, offset - pos), pos)
+                if not data:
+                    break
+                count += data.count(b"\n")
+                pos += len(data)
+        self._at[path] = (pos, count)
+        return count + 1
+
+
+@dataclass(frozen=True)
+class BadLine:
+    """A bad line of a block (``index``: its place in the block; None: a whole text file) and what is wrong with it.
+    :meth:`message` is the one-line error naming the file and line."""
+
+    path: str
+    block_offset: int
+    first_line: int  # the block's first line, 0 when not known (see LineCounter)
+    index: int | None
+    problem: str
+
+    def message(self, lines: LineCounter | None = None) -> str:
+        if self.index is None:
+            return f"{self.path}: {self.problem}"
+        first = self.first_line or (lines or LineCounter()).line_at(self.path, self.block_offset)
+        return f"{self.path}:{first + self.index}: {self.problem}"
 
 
 def _read(stream: IO[bytes], path: Path, n: int) -> bytes:
@@ -145,8 +221,8 @@ def _read_all(stream: IO[bytes], path: Path) -> bytes:
     return out.getvalue()
 
 
-def parse_block(block: Block, json_key: str, stop_at_first: bool) -> tuple[list[str], list[str], int]:
-    """(texts, bad-line messages, bad count) of one block."""
+def parse_block(block: Block, json_key: str, stop_at_first: bool) -> tuple[list[str], list[BadLine], int]:
+    """(texts, the first five bad lines, bad count) of one block (loaded: see :meth:`Block.loaded`)."""
     hint = "; fix or remove it, or pass --skip-bad-lines"
     if not block.jsonl:
         if not block.data:  # an empty file holds no document (as a blank JSONL line holds none)
@@ -154,14 +230,26 @@ def parse_block(block: Block, json_key: str, stop_at_first: bool) -> tuple[list[
         try:
             return [block.data.decode("utf-8")], [], 0
         except UnicodeDecodeError as e:
-            return [], [f"{block.path}: not UTF-8 text at byte offset {e.start}; convert the file to UTF-8 or pass --skip-bad-lines"], 1
+            problem = f"not UTF-8 text at byte offset {e.start}; convert the file to UTF-8 or pass --skip-bad-lines"
+            return [], [BadLine(block.path, block.offset, block.first_line, None, problem)], 1
     texts: list[str] = []
-    bad: list[str] = []
+    bad: list[BadLine] = []
     nbad = 0
     pos = 0
-    for lineno, line in enumerate(block.data.split(b"\n")[:-1] if block.data.endswith(b"\n") else block.data.split(b"\n"),
-                                  block.first_line):
+    fast = _fast_loads
+    lines = block.data.split(b"\n")
+    if block.data.endswith(b"\n"):
+        lines.pop()
+    for index, line in enumerate(lines):
         start, pos = pos, pos + len(line) + 1
+        if fast is not None:  # the fast path: only what json parses to the same text (module docstring)
+            try:
+                doc = fast(line)
+            except ValueError:
+                doc = None
+            if type(doc) is dict and type(text := doc.get(json_key)) is str:
+                texts.append(text)
+                continue
         if not line.strip():
             continue
         msg = None
@@ -169,22 +257,22 @@ def parse_block(block: Block, json_key: str, stop_at_first: bool) -> tuple[list[
             doc = json.loads(line.decode("utf-8"))
             if not isinstance(doc, dict) or json_key not in doc:
                 keys = ", ".join(list(doc)[:5]) if isinstance(doc, dict) else type(doc).__name__
-                msg = f"{block.path}:{lineno}: no key {json_key!r} (found: {keys}); set --json-key to the key holding the text{hint}"
+                msg = f"no key {json_key!r} (found: {keys}); set --json-key to the key holding the text{hint}"
             elif not isinstance(doc[json_key], str):
-                msg = f"{block.path}:{lineno}: {json_key!r} holds a {type(doc[json_key]).__name__}, not a string{hint}"
+                msg = f"{json_key!r} holds a {type(doc[json_key]).__name__}, not a string{hint}"
             elif (b"\\ud" in line or b"\\uD" in line) and (bad_at := _lone_surrogate(doc[json_key])) is not None:
-                msg = (f"{block.path}:{lineno}: {json_key!r} holds a lone surrogate escape (\\u{bad_at:04x}) at character "
+                msg = (f"{json_key!r} holds a lone surrogate escape (\\u{bad_at:04x}) at character "
                        f"{doc[json_key].index(chr(bad_at))}, which is not Unicode text and cannot be tokenized{hint}")
             else:
                 texts.append(doc[json_key])
         except UnicodeDecodeError as e:
-            msg = f"{block.path}:{lineno}: not UTF-8 at byte offset {block.offset + start + e.start}{hint}"
+            msg = f"not UTF-8 at byte offset {block.offset + start + e.start}{hint}"
         except ValueError as e:
-            msg = f"{block.path}:{lineno}: not valid JSON ({getattr(e, 'msg', e)}){hint}"
+            msg = f"not valid JSON ({getattr(e, 'msg', e)}){hint}"
         if msg is not None:
             nbad += 1
             if len(bad) < 5:
-                bad.append(msg)
+                bad.append(BadLine(block.path, block.offset, block.first_line, index, msg))
             if stop_at_first:
                 break
     return texts, bad, nbad
@@ -220,5 +308,5 @@ def iter_texts(path: Path, json_key: str = "text") -> Iterator[str]:
     for block in blocks(Path(path), lambda _pos: None):
         texts, bad, nbad = parse_block(block, json_key, True)
         if nbad:
-            raise DataError(bad[0])
+            raise DataError(bad[0].message())
         yield from texts

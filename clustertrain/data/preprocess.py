@@ -18,9 +18,14 @@ Face ``tokenizers`` gives, checked at start on a verification sample (:mod:`clus
 
 Workers: the main process cuts each file into blocks of whole lines (~256 KiB, 1 MiB for the fast encoder) and
 hands them to a ``multiprocessing`` pool (a bounded window of blocks in flight, results taken in order, so the
-output is identical for any worker count). Blocks of an uncompressed file travel by reference (offset, length),
-and each worker reads its own with ``os.pread``. Workers parse, encode and return one token array per block;
-the main process appends it to the streaming :class:`~clustertrain.data.indexed.IndexedWriter`.
+output is identical for any worker count). Blocks of an uncompressed file travel by reference (offset, length):
+the main process finds the cuts by reading a few bytes after every block boundary, and each worker reads its own
+blocks with ``os.pread`` (:func:`clustertrain.data.inputs.blocks`). Workers parse, encode, insert the eods, and
+write each block's tokens to a part file (page cache: through the result pipe, unpickling and 64 KiB reads cost the
+main process ~2 s of CPU per GB of tokens); they return only the sequence lengths. The main process hashes each part
+from a memory map and has the kernel append it to ``P.bin`` (``os.copy_file_range``:
+:meth:`~clustertrain.data.indexed.IndexedWriter.add_items_from`), in order, then deletes it, so at most a window of
+parts exists at a time (in ``P.parts-<pid>/``, removed at the end, failure included).
 
 Bad input — a line that is not JSON, lacks the key, is not a string, holds a lone surrogate escape
 (``\\ud800``, not Unicode text), bytes that are not UTF-8,
@@ -47,18 +52,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import multiprocessing as mp
 import os
+import shutil
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 import numpy as np
 
 from clustertrain.data.indexed import IndexedWriter, bin_path, idx_path, token_dtype
 from clustertrain.data.fastbpe import EncoderChoice, choose_encoder
-from clustertrain.data.inputs import BLOCK, Block, blocks, head_texts, parse_block, resolve_inputs
+from clustertrain.data.inputs import BLOCK, BadLine, Block, LineCounter, blocks, head_texts, parse_block, resolve_inputs
 from clustertrain.data.tokenizers import Tokenizer, encode_flat, load_tokenizer
 from clustertrain.core.errors import DataError
 from clustertrain.core.run_paths import write_atomic
@@ -93,27 +100,55 @@ def read_manifest(prefix: str | os.PathLike) -> dict | None:
 _W: dict = {}
 
 
-def _init_worker(encoder, eod: int, dtype, json_key: str, append_eod: bool, skip: bool, in_pool: bool = False) -> None:
+class Encoded(NamedTuple):
+    """One block's result: its tokens (eods included) in ``tokens``, or in the part file ``part`` (a pool worker's),
+    the length of each sequence, the number of documents, the indices (in the block) of documents that got no
+    sequence (they encode to nothing), and the block's first bad lines and bad-line count."""
+
+    tokens: np.ndarray | None
+    part: str | None
+    lengths: np.ndarray
+    documents: int
+    empty: np.ndarray
+    bad: list[BadLine]
+    nbad: int
+
+
+def _init_worker(encoder, eod: int, dtype, json_key: str, append_eod: bool, skip: bool, in_pool: bool = False,
+                 parts: str | None = None) -> None:
     if in_pool:  # one process per core already: Hugging Face tokenizers' own thread pool would oversubscribe
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _W.update(encoder=encoder, eod=eod, json_key=json_key, append_eod=append_eod, skip=skip, dtype=dtype)
+    _W.update(encoder=encoder, eod=eod, json_key=json_key, append_eod=append_eod, skip=skip, dtype=np.dtype(dtype),
+              parts=parts, written=0)
 
 
-def _encode_block(block: Block) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str], int, int]:
-    """(tokens, lengths of non-empty documents, sequences per document (0/1), bad messages, bad count, bytes)."""
+def _encode_block(block: Block) -> Encoded:
     block = block.loaded()
     texts, bad, nbad = parse_block(block, _W["json_key"], not _W["skip"])
     dtype = _W["dtype"]
     if not texts:
-        return np.zeros(0, dtype), np.zeros(0, np.int32), np.zeros(0, np.int64), bad, nbad, len(block.data)
+        return Encoded(np.zeros(0, dtype), None, np.zeros(0, np.int32), 0, np.zeros(0, np.int64), bad, nbad)
     tokens, lengths = encode_flat(_W["encoder"], texts)
-    per_doc = (lengths > 0).astype(np.int64)
-    lengths = lengths[lengths > 0]
+    empty = np.flatnonzero(lengths == 0)
+    if empty.size:
+        lengths = lengths[lengths > 0]
     tokens = tokens.astype(dtype, copy=False)
     if _W["append_eod"] and lengths.size:
         tokens = np.insert(tokens, np.cumsum(lengths), np.asarray(_W["eod"], dtype))
         lengths = lengths + 1
-    return tokens, lengths.astype(np.int32), per_doc, bad, nbad, len(block.data)
+    return Encoded(np.ascontiguousarray(tokens), None, lengths.astype(np.int32), len(texts), empty, bad, nbad)
+
+
+def _encode_block_to_part(block: Block) -> Encoded:
+    """:func:`_encode_block` in a pool worker: the tokens go to a part file, not through the result pipe."""
+    out = _encode_block(block)
+    if not out.tokens.size:
+        return out
+    _W["written"] += 1
+    part = os.path.join(_W["parts"], f"{os.getpid()}-{_W['written']}")
+    with open(part, "wb") as f:
+        f.write(memoryview(out.tokens))
+    return out._replace(tokens=None, part=part)
 
 
 # ---- main side ---------------------------------------------------------------------------------
@@ -126,6 +161,15 @@ def _in_order(parts: Iterable[Block], submit, window: int, consume) -> None:
             consume(pending.popleft()())
     while pending:
         consume(pending.popleft()())
+
+
+def _close(pool, parts: Path | None) -> None:
+    """Stop the workers and remove the part files (both may run twice: on failure, then in ``finally``)."""
+    if pool is not None:
+        pool.terminate()
+        pool.join()
+    if parts is not None:
+        shutil.rmtree(parts, ignore_errors=True)
 
 
 @dataclass(frozen=True)
@@ -214,11 +258,17 @@ def prepare_dataset(inputs: str | os.PathLike | Iterable[str | os.PathLike], out
     total = sum(s["bytes"] for s in settings["sources"])
     counts = {"documents": 0, "skipped_lines": 0}
     first_bad: list[str] = []
+    lines = LineCounter()  # line numbers for the messages of blocks by reference
     bin_hash = hashlib.sha256()
     init = (choice.encoder, tok.eod, dtype, json_key, append_eod, skip_bad_lines)
-    pool = mp.get_context("fork" if os.name == "posix" else "spawn").Pool(
-        workers, _init_worker, (*init, True)) if workers > 1 else None
-    if pool is None:
+    parts = Path(f"{prefix}.parts-{os.getpid()}") if workers > 1 else None
+    pool = None
+    if parts is not None:
+        shutil.rmtree(parts, ignore_errors=True)
+        parts.mkdir()
+        pool = mp.get_context("fork" if os.name == "posix" else "spawn").Pool(
+            workers, _init_worker, (*init, True, str(parts)))
+    else:
         _init_worker(*init)
     try:
         task = bar.add_task("prepare", total=total, docs=0) if bar else None
@@ -230,25 +280,37 @@ def prepare_dataset(inputs: str | os.PathLike | Iterable[str | os.PathLike], out
             if bar:
                 bar.update(task, completed=done_bytes[0] + pos_in_file, docs=counts["documents"])
 
-        def consume(result) -> None:
-            tokens, lengths, per_doc, bad, nbad, _ = result
-            if nbad:
+        def consume(result: Encoded) -> None:
+            if result.nbad:
                 if not skip_bad_lines:
-                    raise DataError(bad[0])
-                counts["skipped_lines"] += nbad
-                first_bad.extend(bad[: 5 - len(first_bad)])
-            data = tokens.tobytes()
-            bin_hash.update(data)
-            writer.add_items(tokens, lengths)
-            writer.end_documents(writer.n_sequences - len(lengths) + np.cumsum(per_doc))
-            counts["documents"] += len(per_doc)
+                    raise DataError(result.bad[0].message(lines))
+                counts["skipped_lines"] += result.nbad
+                first_bad.extend(b.message(lines) for b in result.bad[: 5 - len(first_bad)])
+            base = writer.n_sequences
+            if result.part is None:
+                bin_hash.update(result.tokens)
+                writer.add_items(result.tokens, result.lengths)
+            else:  # hashed from a mapping and copied by the kernel: the tokens never pass through this process
+                fd = os.open(result.part, os.O_RDONLY)
+                try:
+                    size = os.fstat(fd).st_size
+                    with mmap.mmap(fd, size, prot=mmap.PROT_READ) as view:
+                        bin_hash.update(view)
+                    writer.add_items_from(fd, size, result.lengths)
+                finally:
+                    os.close(fd)
+                os.unlink(result.part)
+            per_doc = np.ones(result.documents, np.int64)
+            per_doc[result.empty] = 0
+            writer.end_documents(base + np.cumsum(per_doc))
+            counts["documents"] += result.documents
 
         for path, src in zip(files, settings["sources"]):
-            parts = blocks(path, advance, FAST_BLOCK if choice.fast else BLOCK, by_reference=pool is not None)
+            todo = blocks(path, advance, FAST_BLOCK if choice.fast else BLOCK, by_reference=pool is not None)
             if pool is not None:
-                _in_order(parts, lambda b: pool.apply_async(_encode_block, (b,)).get, 3 * workers, consume)
+                _in_order(todo, lambda b: pool.apply_async(_encode_block_to_part, (b,)).get, 3 * workers, consume)
             else:
-                for b in parts:
+                for b in todo:
                     consume(_encode_block(b))
             done_bytes[0] += src["bytes"]
             advance(0)
@@ -261,6 +323,7 @@ def prepare_dataset(inputs: str | os.PathLike | Iterable[str | os.PathLike], out
         writer.finalize()
     except BaseException:
         writer.abort()
+        _close(pool, parts)
         for d in created:  # deepest first; stops at the first that is not empty
             try:
                 d.rmdir()
@@ -268,9 +331,7 @@ def prepare_dataset(inputs: str | os.PathLike | Iterable[str | os.PathLike], out
                 break
         raise
     finally:
-        if pool is not None:
-            pool.terminate()
-            pool.join()
+        _close(pool, parts)
         if bar:
             bar.stop()
     manifest = dict(settings)

@@ -178,14 +178,22 @@ def test_unknown_encoder_is_refused(tmp_path, trained):
 
 
 def test_blocks_by_reference_read_the_same_bytes_and_refuse_a_shrunk_file(tmp_path):
-    from clustertrain.data.inputs import blocks
+    from clustertrain.data.inputs import LineCounter, blocks
 
     path = tmp_path / "c.jsonl"
     path.write_text("".join(json.dumps({"text": f"doc {i} " * (i % 7)}) + "\n" for i in range(3000)))
     by_value = list(blocks(path, lambda _: None, 4096))
     by_ref = list(blocks(path, lambda _: None, 4096, by_reference=True))
-    assert len(by_ref) == len(by_value) > 10 and all(not b.data and b.length for b in by_ref)
-    assert [b.loaded() for b in by_ref] == by_value  # same bytes, offsets and first line numbers
+    assert len(by_ref) > 10 and all(not b.data and b.length and b.first_line == 0 for b in by_ref)
+    loaded = [b.loaded() for b in by_ref]
+    assert b"".join(b.data for b in loaded) == b"".join(b.data for b in by_value) == path.read_bytes()
+    assert all(b.data.endswith(b"\n") for b in loaded) and [b.offset for b in by_ref] == [
+        sum(b.length for b in by_ref[:i]) for i in range(len(by_ref))]
+    lines = LineCounter()  # the line numbers a by-value reader counts, found only when asked
+    firsts = {b.offset: b.first_line for b in by_value}
+    assert [lines.line_at(str(path), b.offset) for b in by_ref] == [
+        path.read_bytes()[: b.offset].count(b"\n") + 1 for b in by_ref]
+    assert all(lines.line_at(str(path), off) == first for off, first in firsts.items())
     path.write_bytes(path.read_bytes()[: by_ref[-1].offset + 10])
     with pytest.raises(DataError, match=r"c\.jsonl: the file shrank while being read"):
         by_ref[-1].loaded()

@@ -26,6 +26,10 @@ def plan_command(
     calibrate: bool = typer.Option(
         False, "--calibrate", help="CPU projects: measure this machine (fp32 matmul and step kernels) to estimate step times."
     ),
+    calibrate_from: Path | None = typer.Option(
+        None, "--calibrate-from", metavar="RUN_DIR",
+        help="Take step times from a real run (a short pilot job): its measured MFU (GPU) or FLOP/s per rank (CPU).",
+    ),
 ) -> None:
     """Plan a project: cluster totals, memory per GPU, time and cost per model, node allocation."""
     from clustertrain.plan.plan import make_plan
@@ -33,6 +37,14 @@ def plan_command(
 
     project = load_project(project_file, set_)
     calibration = None
+    if calibrate and calibrate_from is not None:
+        raise ConfigError("--calibrate and --calibrate-from both calibrate the step times: pass one of them")
+    if calibrate_from is not None:
+        from clustertrain.plan.pilot import plan_from_pilot
+
+        plan = plan_from_pilot(project, calibrate_from)
+        typer.echo(render_plan(plan, format, terminal_width()).rstrip("\n"))
+        raise typer.Exit(0 if plan.feasible else INFEASIBLE_EXIT)
     if calibrate:
         if project.cluster.gpus_per_node > 0:
             raise ConfigError(f"{project_file}: --calibrate measures CPU workers; this project has cluster.gpus_per_node={project.cluster.gpus_per_node}")

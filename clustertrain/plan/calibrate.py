@@ -15,7 +15,10 @@ and k, linear biases and the learned position table exist only when the model ha
 parts run over the model's own tensor sizes). ``norm_eps`` does not change a norm's time and is not modelled.
 ``efficiency`` = model FLOPs (the trainer's formula) per predicted
 step ÷ matmul throughput: the CPU stand-in for MFU that ``make_plan`` then uses.
-``bench/plan_accuracy.py`` compares the prediction with the real trainer's ``step_time_s``.
+This kernel model leaves out the trainer's per-step framework work (autograd bookkeeping, DDP/FSDP2 hooks, gloo
+collectives, logging): on 2 CPU ranks it predicted 0.36 of a 4 x 128 model's measured step, 0.94 of a 6 x 384 one's
+(DDP) and 0.48-0.73 with FSDP2 (docs/plan.md). A pilot run's own rate (:mod:`clustertrain.plan.pilot`,
+``clustertrain plan --calibrate-from RUN_DIR``) is what ``bench/plan_accuracy.py`` holds to 0.8-1.25.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ class Calibration:
     efficiency: float                # model FLOP/s per worker at the predicted step time ÷ flops_per_worker
     predicted_step_s: float          # one optimizer step (all micro-batches) on one rank
     parts_s: dict[str, float] = field(default_factory=dict)
+    note: str = ""                   # where the figures come from, when not from this module's measurement
+                                     # (clustertrain.plan.pilot: a pilot run's achieved rate)
 
 
 def _timed(fn, min_time: float = 0.05, trials: int = 5) -> float:

@@ -3,7 +3,14 @@ with no extra gloo group and with one extra world-size gloo group (``dist.new_gr
 trainer's control group is), at 2, 4, 8 and 16 CPU ranks on this machine; then least-squares fits of how each part
 grows with the ranks and what 640 ranks would take.
 
-    flock /tmp/ct-heavy.lock .venv/bin/python bench/control_plane.py [--ranks 2 4 8 16] [--repeats 3]
+    flock /tmp/ct-heavy.lock .venv/bin/python bench/control_plane.py [--ranks 2 4 8 16] [--rounds 3]
+    .venv/bin/python bench/control_plane.py --smoke     # 2 ranks, one round, then one 2-rank `clustertrain run`
+
+Reference: the same ranks with no extra gloo group (the world group only), run in the same rounds. Each round runs
+every (rank count, groups) pair once, the order reversed every other round (bench/harness.py ``interleave``: load
+drift hits every pair alike). Figures ("measured", no target: issue 38 item 8 asked for the cost, not a bound), per
+rank count: launch -> first collective with one extra group ÷ without, per round (median and spread), and the
+extra group's own time; then the fits below.
 
 What runs. Not the trainer: a faithful minimal rank (this file's ``--worker`` mode), started by clustertrain's own
 local launcher (:func:`clustertrain.launch.local_ranks.start_local_ranks`, the environment and rendezvous variables
@@ -33,7 +40,7 @@ over loopback: on a cluster the per-pair connects run in parallel on separate no
 
 ``--trainer``: the real trainer instead of the minimal rank.
 
-    flock /tmp/ct-heavy.lock .venv/bin/python bench/control_plane.py --trainer [--ranks 2 4 8 16] [--repeats 2]
+    flock /tmp/ct-heavy.lock .venv/bin/python bench/control_plane.py --trainer [--ranks 2 4 8 16] [--rounds 2]
 
 Each run is ``clustertrain run`` (a subprocess, as a user types it) on a tiny CPU project (the model of
 ``tests/integration/train/conftest.py``'s TINY: 2 layers, hidden 64; ``cluster.procs_per_node`` = n,
@@ -57,7 +64,9 @@ is synchronous). ``--async-writers`` keeps it on. The times come from the run's 
 * ``total``: launch -> first step; ``cpu/rank``: the CPU seconds of the whole run (every process, to its end) per
   rank, from ``resource.getrusage(RUSAGE_CHILDREN)``: the work a cluster runs in parallel, one rank per core.
 
-Fits as above, per part and for the total. On this 2-CPU machine n ranks' imports and model builds run on 2 CPUs,
+The rank counts run in alternating order (2 4 8 16, 16 8 4 2, ...). Figures ("measured"): launch -> first step
+at each rank count, in seconds, and ÷ the 2-rank (smallest) run of the same round. Fits as above, per part and for the
+total. On this 2-CPU machine n ranks' imports and model builds run on 2 CPUs,
 so ``ranks`` grows linearly with n here; on a cluster each node does its own ranks' share in parallel and only the
 rendezvous through rank 0's TCPStore (its n clients, and the n*(n-1) lookups of gloo's full mesh) and the
 collectives grow with n.
@@ -77,8 +86,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from harness import ROOT, Bench, Ratio, interleave
 
 PARTS = ("imported", "world", "aligned", "extra", "first")
 COLUMNS = ("imported", "world", "extra", "first", "c10d", "total")
@@ -183,21 +191,28 @@ def trainer_once(world: int, tmp: Path, async_ckpt: bool = False) -> dict[str, f
             "total": a.first_step - t_launch, "cpu/rank": cpu / world}
 
 
-def trainer_main(args: argparse.Namespace) -> None:
+def trainer_main(bench: Bench, args: argparse.Namespace) -> None:
     results: dict[int, list[dict[str, float]]] = {}
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="ct-control-plane-trainer-") as tmp:
-        for _ in range(args.repeats):  # alternate sizes so that machine load hits them alike
-            for n in args.ranks:
+
+        def side(n: int):
+            def run() -> float:
                 results.setdefault(n, []).append(trainer_once(n, Path(tmp), args.async_writers))
+                return results[n][-1]["total"]
+            return run
+
+        # alternate the sizes' order between rounds, so that machine load hits them alike
+        totals = interleave({n: side(n) for n in args.ranks}, bench.rounds)
     print(f"trainer start-up to first step (`clustertrain run`, CPU gloo ranks, threads_per_worker 1, "
           f"async_checkpoint {'on' if args.async_writers else 'off'}), "
-          f"{os.cpu_count()} CPUs, median of {args.repeats} (bench took {time.monotonic() - t0:.0f} s)")
+          f"{os.cpu_count()} CPUs, median of {bench.rounds} (bench took {time.monotonic() - t0:.0f} s)")
     print(f"  {'ranks':>5}  " + "  ".join(f"{c:>8}" for c in TRAINER_COLUMNS))
     for n, runs in sorted(results.items()):
         med = {k: statistics.median(r[k] for r in runs) for k in TRAINER_COLUMNS}
         print(f"  {n:>5}  " + "  ".join(f"{med[c]:8.3f}" for c in TRAINER_COLUMNS))
-    print(f"fits over every run (least squares), extrapolated to {args.at} ranks:")
+    if len(results) > 1:
+        print(f"fits over every run (least squares), extrapolated to {args.at} ranks:")
     for part in ("total", "ranks", "cli", "step", "cpu/rank"):
         ns = [n for n, runs in results.items() for _ in runs]
         ts = [r[part] for runs in results.values() for r in runs]
@@ -210,6 +225,12 @@ def trainer_main(args: argparse.Namespace) -> None:
     per_rank = statistics.median(r["cpu/rank"] for runs in results.values() for r in runs)
     print(f"  on a cluster the ranks' own work runs in parallel (one rank per core): ~{per_rank:.1f} CPU-s per rank "
           f"for the whole run, whatever n; what stays serial is rank 0's TCPStore and the collectives")
+    smallest = min(args.ranks)
+    for n in args.ranks:
+        bench.report(Ratio(f"trainer, {n} ranks, launch -> first step", totals[n], unit=" s"))
+        if n != smallest:
+            bench.report(Ratio.of(f"trainer, launch -> first step, {n} ranks / {smallest} ranks", totals[n],
+                                  totals[smallest]))
 
 
 def fit(ns: list[int], ts: list[float], degree: int, at: int = 640) -> tuple[list[float], float, float]:
@@ -229,52 +250,71 @@ def fit(ns: list[int], ts: list[float], degree: int, at: int = 640) -> tuple[lis
     return [float(c) for c in coef], pred, se
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8, 16])
-    ap.add_argument("--repeats", type=int, default=None, help="runs per size (3; 2 with --trainer)")
-    ap.add_argument("--trainer", action="store_true",
-                    help="time the real trainer (`clustertrain run` on a tiny CPU project) to its first step")
-    ap.add_argument("--async-writers", action="store_true",
-                    help="with --trainer: keep training.async_checkpoint on (a writer process per rank at start-up)")
-    ap.add_argument("--at", type=int, default=640, help="rank count to extrapolate to")
-    ap.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
-    ap.add_argument("--extra-groups", type=int, default=0, help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.worker:
-        worker(args.worker, args.extra_groups)
-        return
-    if args.trainer:
-        args.repeats = args.repeats or 2
-        trainer_main(args)
-        return
-    args.repeats = args.repeats or 3
+def minimal_main(bench: Bench, args: argparse.Namespace) -> None:
     results: dict[tuple[int, int], list[dict[str, float]]] = {}
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="ct-control-plane-") as tmp:
-        for _ in range(args.repeats):  # alternate sizes and variants so that machine load hits them alike
-            for n in args.ranks:
-                for extra in (0, 1):
-                    results.setdefault((n, extra), []).append(run_once(n, extra, Path(tmp)))
-    print(f"control-plane start-up, {os.cpu_count()} CPUs, torch gloo over loopback, median of {args.repeats} "
+
+        def side(n: int, extra: int):
+            def run() -> float:
+                results.setdefault((n, extra), []).append(run_once(n, extra, Path(tmp)))
+                return results[(n, extra)][-1]["total"]
+            return run
+
+        # every (ranks, groups) pair once per round, the order reversed every other round
+        totals = interleave({(n, extra): side(n, extra) for n in args.ranks for extra in (0, 1)}, bench.rounds)
+    print(f"control-plane start-up, {os.cpu_count()} CPUs, torch gloo over loopback, median of {bench.rounds} "
           f"(bench took {time.monotonic() - t0:.0f} s)")
     print(f"  {'ranks':>5}  {'groups':>6}  " + "  ".join(f"{c:>8}" for c in COLUMNS))
     for (n, extra), runs in sorted(results.items()):
         med = {k: statistics.median(r[k] for r in runs) for k in COLUMNS}
         print(f"  {n:>5}  {1 + extra:>6}  " + "  ".join(f"{med[c]:8.3f}" for c in COLUMNS))
-    print("  one extra gloo world group vs none (median total, s): " + ", ".join(
-        f"{n}: {statistics.median(r['total'] for r in results[(n, 1)]):.2f} vs "
-        f"{statistics.median(r['total'] for r in results[(n, 0)]):.2f}" for n in args.ranks))
-    print(f"fits over every run (least squares), extrapolated to {args.at} ranks:")
+    if len(args.ranks) > 1:
+        print(f"fits over every run (least squares), extrapolated to {args.at} ranks:")
     for part, variant in (("c10d", 0), ("c10d", 1), ("extra", 1)):
         ns = [n for (n, e), runs in results.items() if e == variant for _ in runs]
         ts = [r[part] for (n, e), runs in results.items() if e == variant for r in runs]
         for degree, name in ((1, "linear"), (2, "quadratic")):
+            if len(set(ns)) <= degree:
+                continue  # too few rank counts to fit this degree
             coef, pred, se = fit(ns, ts, degree, args.at)
             terms = " + ".join(f"{c:.3g}*n^{k}" if k else f"{c:.3g}" for k, c in enumerate(coef))
             label = {"c10d": f"c10d, {1 + variant} group(s)", "extra": "extra group"}[part]
             print(f"  {label:<20} {name:<9}  t = {terms}   -> {args.at}: {pred:7.2f} s +- {se:.2f}")
+    for n in args.ranks:
+        bench.report(Ratio.of(f"{n} ranks, launch -> first collective, one extra gloo group / none", totals[(n, 1)],
+                              totals[(n, 0)]))
+        bench.report(Ratio(f"{n} ranks, one extra gloo group's own time", [r["extra"] for r in results[(n, 1)]],
+                           unit=" s"))
+
+
+def main() -> int:
+    if "--worker" in sys.argv:  # one rank of run_once (no bench header)
+        ap = argparse.ArgumentParser()
+        ap.add_argument("--worker", type=Path)
+        ap.add_argument("--extra-groups", type=int, default=0)
+        a = ap.parse_args()
+        worker(a.worker, a.extra_groups)
+        return 0
+    bench = Bench("control_plane", __doc__, rounds=3)
+    ap = bench.parser
+    ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8, 16])
+    ap.add_argument("--trainer", action="store_true",
+                    help="time the real trainer (`clustertrain run` on a tiny CPU project) to its first step")
+    ap.add_argument("--async-writers", action="store_true",
+                    help="with --trainer: keep training.async_checkpoint on (a writer process per rank at start-up)")
+    ap.add_argument("--at", type=int, default=640, help="rank count to extrapolate to")
+    args = bench.parse()
+    if bench.smoke:  # both modes at 2 ranks, one run each
+        args.ranks = [2]
+        minimal_main(bench, args)
+        trainer_main(bench, args)
+    elif args.trainer:
+        trainer_main(bench, args)
+    else:
+        minimal_main(bench, args)
+    return bench.finish()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

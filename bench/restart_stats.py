@@ -3,7 +3,16 @@
 rank's file) against the old rule (every rank checks), counted side by side in one run at several world sizes, then
 extrapolated to the flagship.
 
-    .venv/bin/python bench/restart_stats.py [--worlds 2 4 8] [--keep 3]
+    flock /tmp/ct-heavy.lock .venv/bin/python bench/restart_stats.py [--worlds 2 4 8] [--keep 3]
+    .venv/bin/python bench/restart_stats.py --smoke     # 2 ranks, 2 kept checkpoints, no extrapolation
+
+Reference: the old rule (every rank checks), counted in the same ranks, in the same run, right before the new rules.
+The counts are exact and deterministic (no timing), so there is one round (``--rounds`` is ignored) and no
+interleaving to do: in each rank process the three rules resume one after another (old, decide, current), each from
+a fresh :class:`CheckpointManager`. Figures (bench/harness.py ``Ratio``): all ranks' operations per resume, current ÷
+old and decide ÷ old, at each world size and extrapolated to 640 ranks ("measured": no target); and the target of
+issue 38 item 5 (a restart's metadata work is O(files) once, on rank 0): each other rank's operations under the
+current rule at the largest world ÷ at the smallest, target <= 1 (constant per rank, whatever the world size).
 
 For each world size W, W gloo ranks (CPU, one thread each) build a small FSDP2 model + AdamW, save ``--keep``
 checkpoints through :class:`clustertrain.train.checkpoint.CheckpointManager` exactly as the trainer does (DCP, one
@@ -51,8 +60,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from harness import ROOT, Bench, Ratio
 
 KINDS = ("open", "listdir", "scandir", "stat")
 #: the flagship's jobs (examples/p5e-80x7.yaml): (name, jobs, ranks per job); files per checkpoint = ranks + 2
@@ -289,17 +297,24 @@ def fmt(counts: dict[str, float]) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--worlds", type=int, nargs="+", default=[2, 4, 8], help="gloo world sizes (at least two)")
-    ap.add_argument("--keep", type=int, default=3, help="checkpoints saved and kept (keep_last; the flagship's is 3)")
-    ap.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--work", type=Path, help=argparse.SUPPRESS)
-    ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.rank:
-        rank_main(args.work, args.out, args.keep)
+    if "--rank" in sys.argv:  # one rank of run_world (no bench header)
+        ap = argparse.ArgumentParser()
+        ap.add_argument("--rank", action="store_true")
+        ap.add_argument("--work", type=Path)
+        ap.add_argument("--out", type=Path)
+        ap.add_argument("--keep", type=int)
+        a = ap.parse_args()
+        rank_main(a.work, a.out, a.keep)
         return 0
-    if len(set(args.worlds)) < 2 or min(args.worlds) < 2:
+    bench = Bench("restart_stats", __doc__, rounds=1)
+    bench.parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4, 8],
+                              help="gloo world sizes (at least two)")
+    bench.parser.add_argument("--keep", type=int, default=3,
+                              help="checkpoints saved and kept (keep_last; the flagship's is 3)")
+    args = bench.parse()
+    if bench.smoke:  # one world: proves the ranks, the counting and the rules run (no fit, no extrapolation)
+        args.worlds, args.keep = [2], 2
+    elif len(set(args.worlds)) < 2 or min(args.worlds) < 2:
         print(f"error: --worlds {' '.join(map(str, args.worlds))}: give at least two different sizes >= 2 "
               "(the extrapolation fits a line through them)", file=sys.stderr)
         return 2
@@ -318,6 +333,13 @@ def main() -> int:
             all_ranks = sum(total(r[rule]["counts"]) for r in reps)
             print(f"{world:5d} {reps[0]['files']:5d}  {rule:8}  {fmt(zero):40}  {fmt(peak):40}  {all_ranks:9d}  "
                   f"{all_ranks / old_all:.3f}")
+    for world, reps in rows.items():
+        old_all = [sum(total(r["old"]["counts"]) for r in reps)]
+        for rule in ("decide", "current"):
+            bench.report(Ratio.of(f"{world} ranks, {rule} / old, operations per resume (all ranks)",
+                                  [sum(total(r[rule]["counts"]) for r in reps)], old_all))
+    if len(rows) < 2:
+        return bench.finish()
     xs = [reps[0]["files"] for reps in rows.values()]
     fits = {}
     for rule in RULES:
@@ -351,8 +373,16 @@ def main() -> int:
     print(f"  the flagship's seven jobs restarting together (640 ranks): old {whole['old']:,.0f}  decide "
           f"{whole['decide']:,.0f} (÷ old {whole['decide'] / whole['old']:.3f})  current {whole['current']:,.0f} "
           f"(÷ old {whole['current'] / whole['old']:.4f})")
-    return 0
+    for rule in ("decide", "current"):
+        bench.report(Ratio.of(f"640 ranks (extrapolated), {rule} / old, operations per resume", [predict(rule, 640)],
+                              [predict("old", 640)]))
+    small, large = min(rows), max(rows)
+    bench.report(Ratio.of(f"current, each other rank's operations, {large} ranks / {small} ranks",
+                          [max(total(r["current"]["counts"]) for r in rows[large][1:])],
+                          [max(total(r["current"]["counts"]) for r in rows[small][1:])], at_most=1.0,
+                          note="constant per rank: O(files) on rank 0 only"))
+    return bench.finish()
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

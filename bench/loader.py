@@ -1,26 +1,37 @@
-"""Bench: GPTSamples samples/s vs megatron-core's GPTDataset on the same files, seed and split.
+"""Bench: GPTSamples samples/s vs megatron-core's GPTDataset (the named reference) on the same files, seed and split.
 
-Both build their document/sample/shuffle indices from scratch (no cache), then read ``--samples``
-consecutive global samples as a trainer does (ours: ``batch(start, 32)`` -> int64 array; Megatron:
-``dataset[i]`` with ``create_attention_mask=False``, stacked the same way). Every sample is checked
-equal between the two before figures are printed. Target: ours >= 1x.
+    flock /tmp/ct-heavy.lock .venv/bin/python bench/loader.py [--mb 20] [--seq-len 1024] [--samples 20000] [--rounds 5]
+    .venv/bin/python bench/loader.py --smoke            # 0.3 MB, 300 samples, one round, nothing judged
 
-    python bench/loader.py [--mb 20] [--seq-len 1024] [--samples 20000]
+Each side builds its document/sample/shuffle indices from scratch (no cache), then reads ``--samples`` consecutive
+global samples as a trainer does (ours: ``GPTSamples.batch(start, 32)`` -> int64 array; Megatron: ``dataset[i]``
+with ``create_attention_mask=False``, stacked the same way). The sides run interleaved (ours, megatron; megatron,
+ours; ...: bench/harness.py), and in the first round every sample is checked equal between the two, or the bench
+stops. Reference: megatron-core 0.16.1 ``megatron/core/datasets/gpt_dataset.py`` ``GPTDataset`` built through
+``BlendedMegatronDatasetBuilder`` (``path_to_cache=None``: no cache, no torch.distributed).
+
+Corpus: the bundled Shakespeare scenes (``clustertrain/data/corpus/shakespeare.jsonl.gz``) cycled to ``--mb`` MB by
+bench/preprocess.py's ``make_corpus`` (documents passed explicitly), byte-tokenized by ``prepare_dataset``.
+
+Targets (RESULT lines): ours ÷ GPTDataset samples/s, build + read: >= 1x. Read-only samples/s ÷ GPTDataset's read-only
+samples/s is printed as a ``measured`` figure.
 """
 
 from __future__ import annotations
 
-import argparse
+import gzip
+import json
 import sys
 import tempfile
 import time
 import warnings
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import Bench, Ratio, interleave  # noqa: E402  (puts the repository on sys.path)
 
 from clustertrain.data.preprocess import prepare_dataset  # noqa: E402
 from clustertrain.data.sample_index import GPTSamples  # noqa: E402
@@ -34,6 +45,19 @@ class _Tok:
     vocab_size, eod, pad = 258, 256, 257
 
 
+def shakespeare() -> list[str]:
+    src = Path(str(resources.files("clustertrain.data") / "corpus" / "shakespeare.jsonl.gz"))
+    return [json.loads(line)["text"] for line in gzip.open(src, "rt", encoding="utf-8")]
+
+
+def corpus(path: Path, mb: float) -> Path:
+    """``mb`` MB of JSONL: bench/preprocess.py's ``make_corpus`` (its hard cases and empty documents mixed in) over
+    the Shakespeare scenes, passed explicitly so the call holds whether its ``docs`` has a default or not."""
+    from preprocess import make_corpus
+
+    return make_corpus(path, mb, shakespeare())
+
+
 def megatron_dataset(prefix: str, seq_len: int, seed: int, num_samples: int):
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
@@ -44,47 +68,59 @@ def megatron_dataset(prefix: str, seq_len: int, seed: int, num_samples: int):
     return BlendedMegatronDatasetBuilder(GPTDataset, [num_samples, None, None], lambda: True, cfg).build()[0]
 
 
-def main() -> None:
-    from preprocess import make_corpus
-
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mb", type=float, default=20)
-    ap.add_argument("--seq-len", type=int, default=1024)
-    ap.add_argument("--samples", type=int, default=20000)
-    ap.add_argument("--seed", type=int, default=1234)
-    args = ap.parse_args()
+def main() -> int:
+    bench = Bench("loader", __doc__)
+    bench.parser.add_argument("--mb", type=float, default=20)
+    bench.parser.add_argument("--seq-len", type=int, default=1024)
+    bench.parser.add_argument("--samples", type=int, default=20000)
+    bench.parser.add_argument("--seed", type=int, default=1234)
+    args = bench.parse()
+    mb, seq_len, n = (0.3, 128, 300) if bench.smoke else (args.mb, args.seq_len, args.samples)
     warnings.filterwarnings("ignore")
     import megatron.core.datasets.gpt_dataset  # noqa: F401  (import cost kept out of the timing)
 
     with tempfile.TemporaryDirectory() as d:
         work = Path(d)
-        prepare_dataset(make_corpus(work / "c.jsonl", args.mb), work / "ds", "byte", workers=2)
-        prefix, n = str(work / "ds"), args.samples
+        prepare_dataset(corpus(work / "c.jsonl", mb), work / "ds", "byte", workers=1 if bench.smoke else 2)
+        prefix = str(work / "ds")
+        reads: dict[str, list[float]] = {"ours": [], "megatron": []}
+        outs: dict[str, list[np.ndarray]] = {}
 
-        t = time.perf_counter()
-        ref = megatron_dataset(prefix, args.seq_len, args.seed, n)
-        ref_build = time.perf_counter() - t
-        t = time.perf_counter()
-        ref_out = [np.stack([ref[i]["tokens"].numpy() for i in range(s, min(s + BATCH, n))]) for s in range(0, n, BATCH)]
-        ref_read = time.perf_counter() - t
+        def ours() -> float:
+            t = time.perf_counter()
+            ds = GPTSamples(prefix, seq_len, args.seed, "98,1,1", "train", num_samples=n, cache=False)
+            t1 = time.perf_counter()
+            out = [ds.batch(s, min(BATCH, n - s)) for s in range(0, n, BATCH)]
+            t2 = time.perf_counter()
+            reads["ours"].append(n / (t2 - t1))
+            outs.setdefault("ours", [a[:, :-1] for a in out])
+            outs.setdefault("ours_len", [np.array(len(ds))])
+            return n / (t2 - t)
 
-        t = time.perf_counter()
-        ours = GPTSamples(prefix, args.seq_len, args.seed, "98,1,1", "train", num_samples=n, cache=False)
-        our_build = time.perf_counter() - t
-        t = time.perf_counter()
-        our_out = [ours.batch(s, min(BATCH, n - s)) for s in range(0, n, BATCH)]
-        our_read = time.perf_counter() - t
+        def reference() -> float:
+            t = time.perf_counter()
+            ds = megatron_dataset(prefix, seq_len, args.seed, n)
+            t1 = time.perf_counter()
+            out = [np.stack([ds[i]["tokens"].numpy() for i in range(s, min(s + BATCH, n))]) for s in range(0, n, BATCH)]
+            t2 = time.perf_counter()
+            reads["megatron"].append(n / (t2 - t1))
+            outs.setdefault("megatron", out)
+            outs.setdefault("megatron_len", [np.array(len(ds))])
+            return n / (t2 - t)
 
-        if len(ours) != len(ref) or not all(np.array_equal(a[:, :-1], b) for a, b in zip(our_out, ref_out)):
-            raise SystemExit("samples differ from Megatron's; the comparison is void")
-        ref_rate, our_rate = n / (ref_build + ref_read), n / (our_build + our_read)
-        ratio = our_rate / ref_rate
-        print(f"{args.mb:.0f} MB byte-tokenized, seq_len {args.seq_len}, {n} samples read (the index holds {len(ours)})")
-        print(f"megatron GPTDataset: build {ref_build:6.2f}s  read {n / ref_read:9.0f} samples/s  overall {ref_rate:9.0f} samples/s")
-        print(f"clustertrain       : build {our_build:6.2f}s  read {n / our_read:9.0f} samples/s  overall {our_rate:9.0f} samples/s")
-        print(f"ratio {ratio:.2f}x read-only {ref_read / our_read:.2f}x (target >= {TARGET}x) "
-              f"{'OK' if ratio >= TARGET else 'BELOW TARGET'}  [all samples identical]")
+        rates = interleave({"ours": ours, "megatron": reference}, rounds=args.rounds)
+        same = int(outs["ours_len"][0]) == int(outs["megatron_len"][0]) and all(
+            np.array_equal(a, b) for a, b in zip(outs["ours"], outs["megatron"]))
+        if not same:
+            print("loader: samples differ from Megatron's GPTDataset; the comparison is void", file=sys.stderr)
+            return 1
+    print(f"{mb:g} MB byte-tokenized, seq_len {seq_len}, {n} samples read per side per round; all samples identical")
+    bench.report(Ratio.of("loader GPTSamples / megatron GPTDataset samples/s (build + read)", rates["ours"],
+                          rates["megatron"], at_least=TARGET))
+    bench.report(Ratio.of("loader GPTSamples / megatron GPTDataset samples/s (read only)", reads["ours"],
+                          reads["megatron"]))
+    return bench.finish()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,9 +1,14 @@
 """MFU of the trainer's step loop vs a bare torch.compile + fused-AdamW loop, one GPU, side by side.
 
-    .venv/bin/python bench/mfu.py [--steps 30] [--warmup 10] [--micro-batch 8] [--repeats 1] [--dir DIR]
+    .venv/bin/python bench/mfu.py [--steps 30] [--warmup 10] [--micro-batch 8] [--rounds 1] [--dir DIR] [--json F]
+    .venv/bin/python bench/mfu.py --smoke      # a 2 x 64 GPT, 2 steps, one round, nothing judged (CPU or GPU)
 
 Needs a CUDA GPU (on a machine without one it says so in one line and exits 2; ``--device cpu`` with a tiny
-``--layers/--hidden/--seq-len`` only checks that the script runs, with no MFU and no memory figures). The model is a 1.3B GPT
+``--layers/--hidden/--seq-len`` only checks that the script runs, with no MFU and no memory figures, and its
+trainer ÷ bare ratio is printed as ``measured``). ``--smoke`` (bench/harness.py; the test suite runs it) takes the
+GPU when there is one and the CPU otherwise, with a tiny model: the same code path — data path, both sides,
+compilation, the planner's estimate, the async save — in seconds (torch.compile's first CPU compile needs g++ and
+takes most of them). ``scripts/gpu-check.sh`` runs it with ``--steps 20 --warmup 8 --json mfu.json``. The model is a 1.3B GPT
 (24 x 2048, 16 heads, seq 2048, vocab 32000, GELU, tied embeddings; ``--layers/--hidden/...`` change it)
 in bf16 compute over fp32 master weights, on random tokens written as an MMIDIDX dataset and read on both sides
 through the trainer's data path (``clustertrain.train.feed.BatchFeed`` over ``GPTSamples``: memory-mapped, pinned,
@@ -22,9 +27,9 @@ bare     the same ``GPT`` module (``clustertrain.train.model``), ``torch.compile
 Each side: build, ``--warmup`` steps (compilation happens there), then ``--steps`` timed steps between two
 ``cuda.synchronize``; between sides the compiled graphs are dropped (``torch._dynamo.reset``) and memory freed; tokens/s -> MFU = flops_per_token x tokens/s / peak, with the trainer's FLOPs formula
 (``clustertrain.train.model.flops_per_token``) and the GPU's dense bf16 peak from the instance catalog
-(``clustertrain.train.metrics.peak_flops_for``). Sides alternate (trainer, bare, trainer, ... with ``--repeats``);
-medians are printed.
-Targets: trainer / bare >= 0.97; trainer MFU >= 45% on an H100/H200.
+(``clustertrain.train.metrics.peak_flops_for``). Sides run interleaved (bench/harness.py: trainer, bare; bare,
+trainer; ... with ``--rounds``, ``--repeats`` its old name; the first round runs the trainer first, on an empty GPU).
+Targets (RESULT lines, on a GPU): trainer / bare tokens/s >= 0.97 per round; trainer MFU >= 45% on an H100/H200.
 
 Also, on the trainer side: peak allocated / reserved memory of the timed steps next to the planner's
 prediction for the same layout (``clustertrain.plan.memory.estimate_memory``, flash attention; its total has
@@ -235,8 +240,25 @@ def progress(line: str) -> None:
     print(f"[mfu] {line}", file=sys.stderr, flush=True)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def figures_argv(argv: list[str]) -> list[str]:
+    """``--json FILE`` (scripts/gpu-check.sh) is ``--figures FILE``; a bare ``--json`` stays the harness's flag (each
+    RESULT also as a JSON line)."""
+    out = list(argv)
+    for i, arg in enumerate(out[:-1]):
+        if arg == "--json" and not out[i + 1].startswith("-"):
+            out[i] = "--figures"
+    return out
+
+
+def main() -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from harness import Bench, Ratio, interleave
+
+    bench = Bench("mfu", __doc__, rounds=1)
+    ap = bench.parser
+    ap.add_argument("--figures", type=Path, default=None,
+                    help="also write the figures to this JSON file (scripts/gpu-check.sh: --json FILE, the old spelling)")
+    ap.add_argument("--repeats", type=int, dest="rounds", default=argparse.SUPPRESS, help="the old name of --rounds")
     ap.add_argument("--layers", type=int, default=24)
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--heads", type=int, default=16)
@@ -244,13 +266,17 @@ def main() -> None:
     ap.add_argument("--micro-batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=10)
-    ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--dir", type=Path, default=None, help="where the checkpoint goes (default: a temp dir under .)")
     ap.add_argument("--no-checkpoint", action="store_true", help="skip the async-save stall")
-    ap.add_argument("--json", type=Path, default=None, help="also write the figures to this file (scripts/gpu-check.sh)")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                     help="cpu: only checks that the script runs (use tiny sizes; no MFU or memory figures)")
-    args = ap.parse_args()
+    args = bench.parse(figures_argv(sys.argv[1:]))
+    if bench.smoke:
+        import torch
+
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+        args.layers, args.hidden, args.heads, args.seq_len, args.micro_batch = 2, 64, 4, 32, 2
+        args.steps, args.warmup = 2, 1
     need_cuda(args.device)
     warnings.filterwarnings("ignore")  # DCP warns that it runs without a process group
     import torch
@@ -268,6 +294,7 @@ def main() -> None:
         peak = peak_flops_for(name)
     else:
         device, name, peak = torch.device("cpu"), "CPU (a smoke test of this script: no MFU)", None
+    on_gpu = device.type == "cuda"
     arch = ArchConfig(layers=args.layers, hidden=args.hidden, heads=args.heads, seq_len=args.seq_len, vocab=VOCAB, mlp="gelu")
     with torch.device("meta"):
         meta = GPT(arch, VOCAB)
@@ -278,12 +305,21 @@ def main() -> None:
     bare, ours = [], []
     try:
         prefix = dataset(args, base)
-        for r in range(args.repeats):  # the trainer first: its memory is measured on an empty GPU
-            last = r == args.repeats - 1 and not args.no_checkpoint
+
+        def trainer_side() -> float:
+            last = len(ours) == args.rounds - 1 and not args.no_checkpoint
             ours.append(run_trainer(arch, args, device, prefix, base / "ckpt" if last else None))
-            progress(f"round {r + 1}: trainer {ours[-1]['step_s'] * 1e3:.1f} ms/step (warm-up {ours[-1]['compile_s']:.0f} s)")
+            progress(f"round {len(ours)}: trainer {ours[-1]['step_s'] * 1e3:.1f} ms/step "
+                     f"(warm-up {ours[-1]['compile_s']:.0f} s)")
+            return ours[-1]["step_s"]
+
+        def bare_side() -> float:
             bare.append(run_bare(arch, args, device, prefix))
-            progress(f"round {r + 1}: bare {bare[-1]['step_s'] * 1e3:.1f} ms/step (warm-up {bare[-1]['compile_s']:.0f} s)")
+            progress(f"round {len(bare)}: bare {bare[-1]['step_s'] * 1e3:.1f} ms/step (warm-up {bare[-1]['compile_s']:.0f} s)")
+            return bare[-1]["step_s"]
+
+        # the trainer first in round 1: its memory (ours[0]) is measured on an empty GPU
+        step_s = interleave({"trainer": trainer_side, "bare": bare_side}, rounds=args.rounds)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -294,27 +330,35 @@ def main() -> None:
     print(f"GPU: {name}, dense bf16 peak {peak / 1e12:.0f} TFLOP/s" if peak else f"GPU: {name} (no bf16 peak in the catalog: MFU n/a)")
     print(f"model: GPT {args.layers} x {args.hidden}, {args.heads} heads, seq {args.seq_len}, vocab {VOCAB}: {params / 1e9:.2f}B "
           f"parameters, {fpt / 1e9:.2f} GFLOP/token; micro_batch {args.micro_batch} ({tokens:,} tokens/step), "
-          f"{args.steps} timed steps after {args.warmup}, {args.repeats} round(s)")
+          f"{args.steps} timed steps after {args.warmup}, {args.rounds} round(s)")
     print(f"bare (torch.compile + fused AdamW) : {b * 1e3:8.1f} ms/step {tokens / b:10,.0f} tokens/s  MFU {mfu(b)}  "
           f"(warm-up incl. compile {med(bare, 'compile_s'):.0f} s)")
     print(f"trainer ({layout.describe()}) : {t * 1e3:8.1f} ms/step {tokens / t:10,.0f} tokens/s  MFU {mfu(t)}  "
           f"(warm-up incl. compile {med(ours, 'compile_s'):.0f} s)")
-    print(f"trainer / bare = {b / t:.3f}   (target >= 0.97);  trainer MFU {mfu(t).strip()}   (target >= 45% on H100/H200)")
+    # trainer tokens/s / bare tokens/s = bare step time / trainer step time, per round; judged on a GPU only
+    bench.report(Ratio.of("mfu trainer / bare tokens/s", step_s["bare"], step_s["trainer"],
+                          at_least=0.97 if on_gpu else None))
+    if peak:
+        bench.report(Ratio("mfu trainer MFU", [fpt * tokens / x / peak for x in step_s["trainer"]], at_least=0.45,
+                           unit="", note=name))
     est = estimate_memory(ModelShape.from_arch(arch, VOCAB), layout, micro_batch=args.micro_batch, flash_attention=True)
     planned = (f"planner {est.total_bytes / GiB:.2f} GiB (states {est.model_states_bytes / GiB:.2f}, activations "
                f"{est.activations_bytes / GiB:.2f}, buffers {est.buffers_bytes / GiB:.2f})")
     if "allocated" in ours[0]:
         alloc, reserved = ours[0]["allocated"], ours[0]["reserved"]
-        print(f"memory (trainer): peak allocated {alloc / GiB:.1f} GiB, reserved {reserved / GiB:.1f} GiB; {planned}; "
-              f"allocated / planner = {alloc / est.total_bytes:.2f}   (target 0.85-1.15)")
+        print(f"memory (trainer): peak allocated {alloc / GiB:.1f} GiB, reserved {reserved / GiB:.1f} GiB; {planned}")
+        bench.report(Ratio("mfu peak allocated / planner memory", [alloc / est.total_bytes], at_least=0.85,
+                           at_most=1.15))
     else:
         print(f"memory: {planned}; no GPU, nothing measured")
     if not args.no_checkpoint:
         c = ours[-1]
         print(f"async checkpoint: save call blocks {c['stall_s']:.2f} s (first save, allocating staging: "
               f"{c['stall_first_s']:.2f} s), whole save {c['save_s']:.1f} s; step {t:.3f} s, "
-              f"{c['step_during_write_s']:.3f} s while writing; stall / step = {c['stall_s'] / t:.2f}   (target < 1)")
-    if args.json:
+              f"{c['step_during_write_s']:.3f} s while writing")
+        bench.report(Ratio("mfu async-save stall / step time", [c["stall_s"] / ours[-1]["step_s"]],
+                           at_most=1.0 if on_gpu else None))
+    if args.figures is not None:
         figures = {"device": name, "params": params, "micro_batch": args.micro_batch, "seq_len": args.seq_len,
                    "steps": args.steps, "bare_step_s": b, "trainer_step_s": t, "trainer_over_bare": b / t,
                    "trainer_mfu": fpt * tokens / t / peak if peak else None,
@@ -322,14 +366,15 @@ def main() -> None:
                    "allocated_bytes": ours[0].get("allocated"), "reserved_bytes": ours[0].get("reserved")}
         if not args.no_checkpoint:
             figures |= {k: ours[-1][k] for k in ("stall_s", "stall_first_s", "save_s", "step_during_write_s")}
-        args.json.write_text(json.dumps(figures, indent=1) + "\n")
+        args.figures.write_text(json.dumps(figures, indent=1) + "\n")
+    return bench.finish()
 
 
 if __name__ == "__main__":
     from clustertrain.core.errors import ClusterTrainError
 
     try:
-        main()
+        sys.exit(main())
     except ClusterTrainError as e:  # e.g. no working compiler: one line, as the trainer says it
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

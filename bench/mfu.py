@@ -1,6 +1,6 @@
 """MFU of the trainer's step loop vs a bare torch.compile + fused-AdamW loop, one GPU, side by side.
 
-    .venv/bin/python bench/mfu.py [--steps 30] [--warmup 10] [--micro-batch 8] [--rounds 1] [--dir DIR] [--json F]
+    .venv/bin/python bench/mfu.py [--steps 30] [--warmup 10] [--micro-batch 8] [--rounds 1] [--dir DIR] [--figures F]
     .venv/bin/python bench/mfu.py --smoke      # a 2 x 64 GPT, 2 steps, one round, nothing judged (CPU or GPU)
 
 Needs a CUDA GPU (on a machine without one it says so in one line and exits 2; ``--device cpu`` with a tiny
@@ -8,7 +8,7 @@ Needs a CUDA GPU (on a machine without one it says so in one line and exits 2; `
 trainer ÷ bare ratio is printed as ``measured``). ``--smoke`` (bench/harness.py; the test suite runs it) takes the
 GPU when there is one and the CPU otherwise, with a tiny model: the same code path — data path, both sides,
 compilation, the planner's estimate, the async save — in seconds (torch.compile's first CPU compile needs g++ and
-takes most of them). ``scripts/gpu-check.sh`` runs it with ``--steps 20 --warmup 8 --json mfu.json``. The model is a 1.3B GPT
+takes most of them). ``scripts/gpu-check.sh`` runs it with ``--steps 20 --warmup 8 --figures mfu.json``. The model is a 1.3B GPT
 (24 x 2048, 16 heads, seq 2048, vocab 32000, GELU, tied embeddings; ``--layers/--hidden/...`` change it)
 in bf16 compute over fp32 master weights, on random tokens written as an MMIDIDX dataset and read on both sides
 through the trainer's data path (``clustertrain.train.feed.BatchFeed`` over ``GPTSamples``: memory-mapped, pinned,

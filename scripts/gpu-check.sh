@@ -37,7 +37,7 @@ tests_rc=${PIPESTATUS[0]}
 echo "== bench/mfu.py =="
 bench_args=(--steps 20 --warmup 8)
 [ -n "${GPU_CHECK_QUICK:-}" ] && bench_args=(--steps 8 --warmup 5 --no-checkpoint)
-timeout "${GPU_BENCH_TIMEOUT_S:-330}" "$py" bench/mfu.py "${bench_args[@]}" --dir "$out" --json "$out/mfu.json" \
+timeout "${GPU_BENCH_TIMEOUT_S:-330}" "$py" bench/mfu.py "${bench_args[@]}" --dir "$out" --figures "$out/mfu.json" \
   2>&1 | tee "$out/mfu.log"
 "$py" scripts/gpu_report.py --tests "$out/gpu-tests.xml" --mfu "$out/mfu.json" --bench-args "${bench_args[*]}" \
   --seconds $(( $(date +%s) - started )) --section "$out/gpu-section.md" --docs docs/gpu.md

@@ -32,7 +32,7 @@ EndpointOpt = Annotated[Optional[str], typer.Option("--endpoint-url",
 RegionOpt = Annotated[Optional[str], typer.Option("--region", help="AWS region (default: boto3's chain).")]
 ProfileOpt = Annotated[Optional[str], typer.Option("--profile", help="AWS profile (default: boto3's chain).")]
 PartOpt = Annotated[int, typer.Option("--part-size-mb", min=5,
-                                      help="Multipart part size in MiB; bigger files go multipart.")]
+                                      help="Multipart part size in MiB (files of 64 MiB or more go multipart).")]
 JobsOpt = Annotated[int, typer.Option("--jobs", "-j", min=1, help="Files moved at the same time.")]
 PART_SIZE_MB = 8  # --part-size-mb's default
 JOBS = 8  # --jobs's default

@@ -59,8 +59,9 @@ class S3Store(IncompleteCleanup):
         self.key_limit = 1024 - len(self.prefix.encode("utf-8"))
         self.config = config
         self._part = config.part_size_mb * _MIB
+        self._threshold = max(config.multipart_threshold_mb * _MIB, self._part)
         self._transfer = TransferConfig(
-            multipart_threshold=self._part, multipart_chunksize=self._part, max_concurrency=config.part_concurrency
+            multipart_threshold=self._threshold, multipart_chunksize=self._part, max_concurrency=config.part_concurrency
         )
         boto_kwargs: dict = dict(
             max_pool_connections=64,
@@ -120,7 +121,7 @@ class S3Store(IncompleteCleanup):
         size = local_path.stat().st_size
         meta = {"Metadata": {META_KEY: sha256}}
         with self._errors("upload", key):
-            if size < self._part:
+            if size < self._threshold:  # one PUT: one request, and a full-object checksum S3 verifies
                 extra = dict(meta)
                 if self.config.checksum:
                     extra.update(ChecksumAlgorithm="SHA256", ChecksumSHA256=b64_of_hex(sha256))

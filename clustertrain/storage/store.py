@@ -58,6 +58,11 @@ class StoreConfig(StrictModel):
     part_size_mb: int = Field(
         8, ge=5, le=5120, description="Multipart part size in MiB (S3 minimum 5); files at least this big go multipart."
     )
+    multipart_threshold_mb: int = Field(
+        64, ge=5, le=5120,
+        description="Files at least this big (MiB) go multipart in part_size_mb parts; smaller ones go as one PUT, "
+        "whose SHA256 checksum S3 checks against the whole object (a multipart checksum covers parts only).",
+    )
     part_concurrency: int = Field(4, ge=1, le=64, description="Parts of one large file moved at the same time.")
     checksum: bool = Field(
         True,

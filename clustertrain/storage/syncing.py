@@ -224,7 +224,9 @@ def _run_transfers(
         return infos
     with make_progress(progress) as bar, ThreadPoolExecutor(jobs) as pool:
         task = bar.add_task(f"{src.url} -> {dst.url}", total=sum(e.size for e in entries))
-        futures = {pool.submit(_transfer, src, dst, e): e for e in entries}
+        # largest first: a big file started last would run alone at the end (small ones fill in around it)
+        ordered = sorted(entries, key=lambda e: e.size, reverse=True)
+        futures = {pool.submit(_transfer, src, dst, e): e for e in ordered}
         pending = set(futures)
         while pending:
             done, pending = wait(pending, return_when=FIRST_EXCEPTION)

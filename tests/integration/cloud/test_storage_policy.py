@@ -96,7 +96,7 @@ def test_enforcement_is_on(enforced):
 
 def test_backup_verify_restore_and_publish_with_exactly_the_policy(as_node, tmp_path):
     endpoint, project = as_node
-    options = StoreConfig(endpoint_url=endpoint, part_size_mb=5)
+    options = StoreConfig(endpoint_url=endpoint, part_size_mb=5, multipart_threshold_mb=5)
     ckpt = _tree(tmp_path / "step_100")
     url = f"{project.storage.checkpoint_bucket}/{project.name}/model-1/step_100"
     assert url == "s3://checkpoint-jakarta/checkpoints/p5e-80x7/model-1/step_100"
@@ -138,7 +138,7 @@ def test_writes_and_deletes_outside_our_prefixes_are_denied(as_node, tmp_path):
 def test_a_resync_that_rewrites_the_manifest(as_node, tmp_path):
     """A second backup of a changed directory removes the old manifest first (sync.py step 4) and uploads the change."""
     endpoint, project = as_node
-    options = StoreConfig(endpoint_url=endpoint, part_size_mb=5)
+    options = StoreConfig(endpoint_url=endpoint, part_size_mb=5, multipart_threshold_mb=5)
     src = _tree(tmp_path / "step_200")
     url = f"{project.storage.checkpoint_bucket}/{project.name}/model-2/step_200"
     assert backup_directory(src, url, options=options).ok

@@ -31,4 +31,4 @@ def bucket(s3_client):
 
 @pytest.fixture
 def options(s3_endpoint):
-    return StoreConfig(endpoint_url=s3_endpoint, part_size_mb=5)
+    return StoreConfig(endpoint_url=s3_endpoint, part_size_mb=5, multipart_threshold_mb=5)

@@ -143,3 +143,25 @@ def test_endpoint_from_environment(tmp_path, bucket, s3_endpoint, monkeypatch):
     make_small_tree(src, 3)
     assert sync(src, f"s3://{bucket}/env", options=StoreConfig()).transferred_files == 3
     assert verify(f"s3://{bucket}/env").ok
+
+
+def test_files_below_the_multipart_threshold_go_as_one_put_with_a_full_object_checksum(tmp_path, bucket, s3_endpoint,
+                                                                                      s3_client):
+    """Default options: a 12 MiB file (above the 8 MiB part size, below the 64 MiB threshold) is one PUT, so S3's
+    SHA256 checksum covers the whole object and equals the manifest's; at a 5 MiB threshold it goes multipart and
+    S3's checksum is a composite of parts (``...-N``)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    data = os.urandom(12 * 2**20)
+    (src / "shard.bin").write_bytes(data)
+    digest = hashlib.sha256(data).digest()
+    for threshold, prefix in ((64, "one-put"), (5, "multipart")):
+        opts = StoreConfig(endpoint_url=s3_endpoint, multipart_threshold_mb=threshold)
+        assert sync(src, f"s3://{bucket}/{prefix}", options=opts).transferred_files == 1
+        head = s3_client.head_object(Bucket=bucket, Key=f"{prefix}/shard.bin", ChecksumMode="ENABLED")
+        assert head["Metadata"]["sha256"] == digest.hex()
+        if threshold == 64:
+            assert head["ChecksumSHA256"] == base64.b64encode(digest).decode() and "-" not in head["ETag"]
+        else:
+            assert head["ETag"].strip('"').endswith("-2")
+        assert verify(f"s3://{bucket}/{prefix}", options=opts).ok

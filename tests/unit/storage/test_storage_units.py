@@ -60,6 +60,8 @@ def test_store_config_is_strict():
     with pytest.raises(ValueError):
         StoreConfig(part_size_mb=4)  # below S3's 5 MiB minimum
     with pytest.raises(ValueError):
+        StoreConfig(multipart_threshold_mb=4)  # a multipart upload of a smaller file would need parts < 5 MiB
+    with pytest.raises(ValueError):
         StoreConfig(aws_secret_access_key="x")  # credentials are never configuration
 
 

@@ -1,37 +1,31 @@
-"""CLI start-up time: wall time of fresh `clustertrain` processes for the light commands, side by side
-with the bare interpreter (`python -c pass`) and `python -c "import torch"` as references. Each is the
-median of --repeats runs, measured in alternation so that machine load hits them alike.
+"""CLI start-up: wall time of fresh `clustertrain plan examples/quickstart.yaml` processes, interleaved with the
+named reference `python -c "import torch"` (printed beside it), plus `clustertrain --help` and
+`clustertrain submit examples/quickstart.yaml --dry-run --set cluster.backend=slurm` (what a user rehearsing a
+submission types; --dry-run prints the batch script and submits nothing, so no Slurm is needed).
 
-    .venv/bin/python bench/startup.py [--repeats 5]
+    .venv/bin/python bench/startup.py [--rounds 5]
 
-Targets (issue 13): `clustertrain --help` <= 0.5 s, `clustertrain plan examples/quickstart.yaml`
-<= 0.5 s, `clustertrain submit examples/quickstart.yaml --dry-run` <= 1 s. The quickstart project runs
-on the local backend, so submit gets `--set cluster.backend=slurm` (what a user rehearsing a submission
-types); --dry-run prints the batch script and submits nothing, so no Slurm is needed. Also printed:
-each command's ratio to its target and to the bare interpreter, and the heavy libraries
-(torch, numpy, boto3, tokenizers, pcluster) each command imported.
+Targets (issues 13, 40), printed as seconds per round: `clustertrain plan` <= 0.5 s, `clustertrain --help` <= 0.5 s,
+`submit --dry-run` <= 1 s. Also printed: the heavy libraries (torch, numpy, boto3, tokenizers, pcluster) each
+command imported (none of them should import torch). The run's own start-up is bench/run_startup.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import statistics
 import subprocess
 import sys
-import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from harness import ROOT, Bench, Ratio, interleave
+
 PY = sys.executable
 HEAVY = ("torch", "numpy", "boto3", "tokenizers", "pcluster")
 QUICKSTART = "examples/quickstart.yaml"
-#: name -> (argv after the interpreter, target in seconds or None for a reference)
-CASES: dict[str, tuple[list[str], float | None]] = {
-    "python -c pass": (["-c", "pass"], None),
-    'python -c "import torch"': (["-c", "import torch"], None),
-    "clustertrain --help": (["-m", "clustertrain", "--help"], 0.5),
+REFERENCE = 'python -c "import torch"'
+#: name -> (argv after the interpreter, target in seconds)
+CASES: dict[str, tuple[list[str], float]] = {
     f"clustertrain plan {QUICKSTART}": (["-m", "clustertrain", "plan", QUICKSTART], 0.5),
+    "clustertrain --help": (["-m", "clustertrain", "--help"], 0.5),
     f"clustertrain submit {QUICKSTART} --dry-run": (
         ["-m", "clustertrain", "submit", QUICKSTART, "--dry-run", "--set", "cluster.backend=slurm"], 1.0),
 }
@@ -44,6 +38,8 @@ PROBE = (
 
 
 def time_once(argv: list[str]) -> float:
+    import time
+
     t0 = time.perf_counter()
     proc = subprocess.run([PY, *argv], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     elapsed = time.perf_counter() - t0
@@ -53,35 +49,24 @@ def time_once(argv: list[str]) -> float:
 
 
 def heavy_imports(argv: list[str]) -> list[str]:
-    if argv[:2] != ["-m", "clustertrain"]:
-        return []
     proc = subprocess.run([PY, "-c", PROBE, *argv[2:]], cwd=ROOT, capture_output=True, text=True)
     return json.loads(proc.stderr.strip().splitlines()[-1])
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=5)
-    args = ap.parse_args()
-    for argv, _ in CASES.values():  # warm the file cache and the bytecode cache
-        time_once(argv)
-    times: dict[str, list[float]] = {name: [] for name in CASES}
-    for _ in range(args.repeats):
-        for name, (argv, _) in CASES.items():
-            times[name].append(time_once(argv))
-    median = {name: statistics.median(t) for name, t in times.items()}
-    bare = median["python -c pass"]
-    width = max(map(len, CASES))
-    print(f"median of {args.repeats} fresh processes ({PY}):")
-    print(f"  {'command':<{width}}  {'seconds':>7}  {'/ target':>8}  {'/ python':>8}  heavy imports")
-    over = []
+    bench = Bench("startup", __doc__)
+    args = bench.parse()
+    sides = {name: (lambda argv=argv: time_once(argv)) for name, (argv, _) in CASES.items()}
+    sides[REFERENCE] = lambda: time_once(["-c", "import torch"])
+    times = interleave(sides, args.rounds, warmup=0 if bench.smoke else 1)  # warm-up: file and bytecode caches
+    one = [1.0] * args.rounds
+    bench.report(Ratio.of(f"{REFERENCE} (reference)", times[REFERENCE], one, unit=" s"))
     for name, (argv, target) in CASES.items():
-        ratio = f"{median[name] / target:8.2f}" if target else f"{'-':>8}"
-        heavy = ", ".join(heavy_imports(argv)) or "-"
-        print(f"  {name:<{width}}  {median[name]:7.3f}  {ratio}  {median[name] / bare:8.1f}  {heavy if target else ''}")
-        if target and median[name] > target:
-            over.append(f"{name} ({median[name]:.2f} s > {target:g} s)")
-    print("all within target" if not over else "OVER TARGET: " + "; ".join(over))
+        heavy = ", ".join(heavy_imports(argv)) or "none"
+        torch_x = Ratio.of("", times[name], times[REFERENCE]).median
+        bench.report(Ratio.of(name, times[name], one, at_most=target, unit=" s",
+                              note=f"÷ import torch {torch_x:.2f}x; heavy imports: {heavy}"))
+    sys.exit(bench.finish())
 
 
 if __name__ == "__main__":

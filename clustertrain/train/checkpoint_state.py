@@ -33,11 +33,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
-from torch.distributed.checkpoint.stateful import Stateful
+
+# torch.distributed.checkpoint (0.8 s of imports, torch._dynamo among them) is imported where a state dict is made,
+# not at start-up: DCP's ``Stateful`` is a runtime-checkable Protocol (torch/distributed/checkpoint/stateful.py), so
+# the classes below are Stateful by their two methods, without inheriting it.
 
 
-class TrainState(Stateful):
+class TrainState:
     """The loop's position: steps trained and samples consumed."""
 
     def __init__(self, step: int = 0, consumed_samples: int = 0):
@@ -52,7 +54,7 @@ class TrainState(Stateful):
         self.consumed_samples = int(state_dict["consumed_samples"])
 
 
-class ModelOptimState(Stateful):
+class ModelOptimState:
     """A model and its optimizer, by fully qualified parameter names (layout-independent keys). ``flatten``: the
     optimizer's hyper-parameters per parameter (format 3) rather than per parameter group (format 2)."""
 
@@ -61,19 +63,25 @@ class ModelOptimState(Stateful):
         self.optimizer = optimizer
         self.flatten = flatten
 
-    def _options(self) -> StateDictOptions:
+    def _options(self):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
         return StateDictOptions(strict=True, flatten_optimizer_state_dict=self.flatten)
 
     def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._options())
         return {"model": model_sd, "optim": optim_sd}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
         set_state_dict(self.model, self.optimizer, model_state_dict=state_dict["model"],
                        optim_state_dict=state_dict["optim"], options=self._options())
 
 
-class RNGState(Stateful):
+class RNGState:
     """This rank's torch RNG streams (CPU, and the current CUDA device's when there is one)."""
 
     def __init__(self, rank: int | None = None):

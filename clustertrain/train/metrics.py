@@ -43,20 +43,34 @@ class MetricsWriter:
         write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
         self._file = open(path, "a", encoding="utf-8")
         self._tb = None
-        if tensorboard_dir is not None:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(str(tensorboard_dir), purge_step=start_step + 1)
+        # the SummaryWriter (torch.utils.tensorboard: ~0.5 s of imports) opens at the second row, not on the way to the
+        # first step: the first row waits for it in memory (written with its own step)
+        self._tb_dir, self._tb_purge = tensorboard_dir, start_step + 1
+        self._tb_rows: list[dict[str, Any]] = []
 
     def write(self, row: dict[str, Any]) -> None:
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
-        if self._tb is not None:
+        if self._tb_dir is None:
+            return
+        self._tb_rows.append(row)
+        if len(self._tb_rows) > 1 or self._tb is not None:
+            self._flush_tb()
+
+    def _flush_tb(self) -> None:
+        if self._tb is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(self._tb_dir), purge_step=self._tb_purge)
+        for row in self._tb_rows:
             for key, value in row.items():
                 if key not in ("step", "time") and isinstance(value, (int, float)):
                     self._tb.add_scalar(f"train/{key}", value, row["step"])
+        self._tb_rows.clear()
 
     def close(self) -> None:
         self._file.close()
+        if self._tb_rows:
+            self._flush_tb()
         if self._tb is not None:
             self._tb.close()

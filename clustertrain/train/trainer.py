@@ -151,8 +151,9 @@ class Trainer:
             env.rank, env.world_size, layout=self.layout.to_dict(), process_group=self.control.group,
             protected=backup.protected if backup is not None else None, overlap_staging=cfg.async_checkpoint,
         )
-        if cfg.async_checkpoint:
-            self.ckpt.prepare_async()  # the writer starts in the background, not in the first save's stall
+        # the writer process (its own torch import, ~2 s of CPU) starts after the first step, not beside the ranks'
+        # start-up on the same cores, and still in the background before the first save's stall (:meth:`_fit`)
+        self._writer_pending = cfg.async_checkpoint
         self.parts.before_optimizer = self.ckpt.staged
         if env.rank == 0:
             mark_started(paths)  # not completed until this run of the ranks says so (clustertrain.core.run_records)
@@ -283,6 +284,10 @@ class Trainer:
             if self.step % cfg.log_every == 0 or self.step in (1, cfg.max_steps):
                 self._log_row(loss, grad_norm, lr, interval_time / interval_steps)
                 interval_time, interval_steps = 0.0, 0
+            if self._writer_pending:  # every rank at the same step (one broadcast); a save at step 1 starts it itself
+                self._writer_pending = False
+                if self.step % cfg.checkpoint_every and self.step < cfg.max_steps:
+                    self.ckpt.prepare_async()
             self._stopping = self._agree_stop(stop)  # also commits an async save every rank has written
             if self._stopping and self._stop_received is None:
                 self._stop_received = stop.received or time.time()  # a peer's signal: now is when rank 0 knew

@@ -45,3 +45,10 @@ def test_a_short_target_fails_the_run_and_smoke_never_does(capsys):
     assert smoke.parse(["--smoke", "--rounds", "9"]).rounds == 1
     smoke.report(Ratio("r", [0.5], at_least=0.7))
     assert smoke.finish() == 0 and "not judged (smoke)" in capsys.readouterr().out
+
+
+def test_bench_readme_lists_every_bench():
+    bench = Path(__file__).resolve().parents[2] / "bench"
+    readme = (bench / "README.md").read_text()
+    names = sorted(p.name for p in bench.glob("*.py") if p.name != "harness.py")
+    assert names and [n for n in names if f"`{n}" not in readme] == []

@@ -7,48 +7,37 @@ place that does it (for the root app run by :func:`main` and for a sub-app run o
 
 Start-up stays light: the command modules import their stages (torch, numpy, boto3, tokenizers,
 aws-parallelcluster behind them) inside the command functions, so ``clustertrain --help`` and
-``clustertrain plan`` load only what they use.
+``clustertrain plan`` load only what they use. The root app (:mod:`clustertrain.cli.root`) is built on first use,
+and ``clustertrain data ...`` runs the ``data`` group without it (:func:`main`).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
-
-from clustertrain.cli import check as check_cli
-from clustertrain.cli import cluster as cluster_cli
-from clustertrain.cli import config as config_cli
-from clustertrain.cli import data as data_cli
-from clustertrain.cli import export as export_cli
-from clustertrain.cli import image as image_cli
-from clustertrain.cli import jobs as jobs_cli
-from clustertrain.cli import local_slurm as local_slurm_cli
-from clustertrain.cli import nodes as nodes_cli
-from clustertrain.cli import plan as plan_cli
-from clustertrain.cli import rehearse as rehearse_cli
-from clustertrain.cli import report as report_cli
-from clustertrain.cli import run as run_cli
-from clustertrain.cli import storage as storage_cli
-from clustertrain.cli import validate as validate_cli
-from clustertrain.cli.common import command_group
-
-app = command_group(name="clustertrain", help="Distributed LLM training on Slurm GPU clusters — rehearsed on one machine.")
-run_cli.register(app)
-jobs_cli.register(app)
-app.command("plan")(plan_cli.plan_command)
-app.command("check")(check_cli.check_command)
-app.command("rehearse")(rehearse_cli.rehearse_command)
-app.command("report")(report_cli.report_command)
-app.command("export")(export_cli.export_command)
-app.add_typer(config_cli.app, name="config")
-app.add_typer(data_cli.app, name="data")
-app.add_typer(cluster_cli.app, name="cluster")
-app.add_typer(image_cli.app, name="image")
-app.add_typer(storage_cli.app, name="storage")
-app.add_typer(validate_cli.app, name="validate")
-app.add_typer(local_slurm_cli.app, name="local-slurm")
-app.add_typer(nodes_cli.app, name="nodes")
+import sys
+from typing import Any, Sequence
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Run ``clustertrain`` with ``argv`` (default: the command line) and exit with its code."""
-    app(args=None if argv is None else list(argv), prog_name="clustertrain")
+    """Run ``clustertrain`` with ``argv`` (default: the command line) and exit with its code.
+
+    ``data ...`` runs the ``data`` group's own app, the very app the root mounts (same help, errors, exit codes),
+    without building the root: that imports every command module and what they import at the top (the project's
+    pydantic models: ~0.25 s), which ``data prepare``'s measured start-up (docs/data.md) does not need."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["data"]:
+        from clustertrain.cli.data import app as data_app
+
+        data_app(args=args[1:], prog_name="clustertrain data")
+        return
+    from clustertrain.cli.root import app as root_app
+
+    root_app(args=args, prog_name="clustertrain")
+
+
+def __getattr__(name: str) -> Any:
+    """``clustertrain.cli.app``: the root app (:mod:`clustertrain.cli.root`), built on first use."""
+    if name == "app":
+        from clustertrain.cli.root import app as root_app
+
+        return root_app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -290,14 +290,23 @@ class Project(StrictModel):
             for field, problem in m.structure_problems()[:1]:
                 raise ValueError(f"models[{i}].{field}: {problem}")
             p = m.parallelism
-            if self.plan.cluster_nodes is not None:  # models share the cluster: the planner allocates and reports
+            if m.plan.gpus is not None:  # a share of one node
+                rpn = self.cluster.ranks_per_node
+                if m.plan.nodes is not None:
+                    raise ValueError(f"models[{i}].plan.gpus: a share of a node ({m.plan.gpus} GPUs) cannot also have "
+                                     f"plan.nodes ({m.plan.nodes}); keep one: plan.gpus below a node's, or plan.nodes")
+                if m.plan.gpus > rpn:
+                    raise ValueError(f"models[{i}].plan.gpus: {m.plan.gpus} GPUs span more than one node ({rpn} per "
+                                     f"node); a model on several nodes takes whole nodes: set plan.nodes instead")
+            elif self.plan.cluster_nodes is not None:  # models share the cluster: the planner allocates and reports
                 for field, problem in node_problems(p, self.cluster.ranks_per_node)[:1]:
                     raise ValueError(f"models[{i}].{field}: {problem}")
                 continue
-            nodes = m.plan.nodes or self.cluster.nodes
-            world = nodes * self.cluster.ranks_per_node
-            for field, problem in world_problems(p, world, self.cluster.ranks_per_node)[:1]:
-                raise ValueError(f"models[{i}].{field}: {problem} ({nodes} node(s) x {self.cluster.ranks_per_node} ranks)")
+            world = self.job_gpus(m)
+            where = (f"a share of one node: plan.gpus {world}" if m.plan.gpus is not None else
+                     f"{m.plan.nodes or self.cluster.nodes} node(s) x {self.cluster.ranks_per_node} ranks")
+            for field, problem in world_problems(p, world, min(world, self.cluster.ranks_per_node))[:1]:
+                raise ValueError(f"models[{i}].{field}: {problem} ({where})")
             dp = world // (p.tp * p.pp)
             t = m.training
             if t.global_batch % (t.micro_batch * dp):
@@ -366,9 +375,25 @@ class Project(StrictModel):
         raise ConfigError(f"no model named {name!r} in project {self.name!r}; models: {', '.join(m.name for m in self.models)}")
 
     def dp_size(self, entry: ModelEntry) -> int:
-        """Data-parallel ranks of ``entry`` on its pinned node count (models[].plan.nodes) or cluster.nodes."""
-        nodes = entry.plan.nodes or self.cluster.nodes
-        return nodes * self.cluster.ranks_per_node // (entry.parallelism.tp * entry.parallelism.pp)
+        """Data-parallel ranks of ``entry`` on its share of a node (models[].plan.gpus), its pinned node count
+        (models[].plan.nodes) or cluster.nodes."""
+        return self.job_gpus(entry) // (entry.parallelism.tp * entry.parallelism.pp)
+
+    def shares_node(self, entry: ModelEntry) -> bool:
+        """``entry`` runs on a share of one node (``models[].plan.gpus`` below a node's): its job asks Slurm for its
+        GPUs, memory and CPUs instead of ``--exclusive`` whole nodes."""
+        return entry.plan.gpus is not None and entry.plan.gpus < self.cluster.ranks_per_node
+
+    def job_gpus(self, entry: ModelEntry) -> int:
+        """Ranks (one per GPU; rank slots with CPU workers) of ``entry``'s job: ``models[].plan.gpus``, else its
+        pinned node count (``models[].plan.nodes``) or ``cluster.nodes`` times the ranks per node."""
+        if entry.plan.gpus is not None:
+            return entry.plan.gpus
+        return (entry.plan.nodes or self.cluster.nodes) * self.cluster.ranks_per_node
+
+    def job_nodes(self, entry: ModelEntry) -> int:
+        """Nodes of ``entry``'s job: 1 for a share of a node, else ``models[].plan.nodes`` or ``cluster.nodes``."""
+        return 1 if entry.plan.gpus is not None else (entry.plan.nodes or self.cluster.nodes)
 
 
 # ---------------------------------------------------------------------------------------------

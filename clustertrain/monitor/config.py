@@ -18,13 +18,62 @@ Example::
       hang_step_factor: 3
       hang_ceiling_s: 900       # ... and never longer than this (start-up, first step, checkpoint saves)
       suspect_ttl_h: 24         # a node blamed for a hang or crash is excluded from this project's jobs this long
+      trackers:                 # where rank 0 also sends every metrics row (docs/monitor.md "Experiment trackers")
+        tensorboard: true
+        mlflow: {tracking_uri: http://10.0.0.5:5000, experiment: my-project, tags: {team: pretrain}}
+        wandb: {project: my-project, entity: my-team, mode: offline}
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from clustertrain.core.schema import StrictModel
+
+
+class MlflowTrackerConfig(StrictModel):
+    """One MLflow run per model (``monitor.trackers.mlflow``); credentials only from the environment
+    (``MLFLOW_TRACKING_USERNAME``/``MLFLOW_TRACKING_PASSWORD``/``MLFLOW_TRACKING_TOKEN``), never here."""
+
+    tracking_uri: str = Field(
+        ..., description="Where MLflow keeps the runs: a server URL (`http://host:5000`), a database "
+        "(`sqlite:////fsx/mlflow.db`) or a directory (`/fsx/mlruns`, `file:///fsx/mlruns`). Every node must reach it. "
+        "No user name or password in it: MLflow reads them from MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD.",
+    )
+    experiment: str | None = Field(None, description="MLflow experiment holding the project's runs. Default: the project name.")
+    tags: dict[str, str] = Field(default_factory=dict, description="Tags set on every run of the project.")
+
+
+class WandbTrackerConfig(StrictModel):
+    """One W&B run per model (``monitor.trackers.wandb``), grouped by project; the API key only from
+    ``WANDB_API_KEY`` or W&B's own login file (``~/.netrc``), never here."""
+
+    project: str | None = Field(None, description="W&B project. Default: the project name.")
+    entity: str | None = Field(None, description="W&B entity (team or user). Default: the API key's default entity.")
+    group: str | None = Field(None, description="W&B run group. Default: the project name (one group per project, one run per model).")
+    mode: Literal["online", "offline"] = Field(
+        "online", description="`online` streams to W&B; `offline` writes the run under `dir` for a later `wandb sync`.",
+    )
+    dir: Path | None = Field(
+        None, description="Directory W&B writes its run files under (on a shared mount with the slurm backend). "
+        "Default: the model's run directory.",
+    )
+    tags: list[str] = Field(default_factory=list, description="Tags set on every run of the project.")
+
+
+class TrackersConfig(StrictModel):
+    """Experiment trackers rank 0 sends the run to, beside ``metrics.jsonl`` (docs/monitor.md)."""
+
+    tensorboard: bool = Field(True, description="Write TensorBoard event files (see `storage.tensorboard`).")
+    mlflow: MlflowTrackerConfig | None = Field(None, description="Send each model's run to MLflow (extra: `clustertrain[tracking]`).")
+    wandb: WandbTrackerConfig | None = Field(None, description="Send each model's run to Weights & Biases (extra: `clustertrain[tracking]`).")
+    queue_rows: int = Field(
+        10000, ge=10, le=1_000_000, description="Rows and notes waiting for a slow or unreachable tracker at most; "
+        "beyond it the oldest are dropped and counted in the run's events (a tracker never stalls a step).",
+    )
 
 
 class MonitorConfig(StrictModel):
@@ -69,6 +118,11 @@ class MonitorConfig(StrictModel):
     suspect_ttl_h: float = Field(
         24.0, gt=0, le=24 * 90, description="Hours a node blamed for a hang, a lost rank or failed GPU health stays on "
         "the project's suspect list (jobs of the project exclude it; `clustertrain nodes clear` ends it sooner).",
+    )
+
+    trackers: TrackersConfig = Field(
+        default_factory=TrackersConfig, description="Experiment trackers (TensorBoard, MLflow, W&B) that receive every "
+        "metrics row, the resolved project, events and checkpoint references from rank 0.",
     )
 
     @model_validator(mode="after")

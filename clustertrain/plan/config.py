@@ -107,6 +107,12 @@ class ModelPlanConfig(StrictModel):
         None, ge=1, description="Fixed number of nodes for this model; `clustertrain submit` runs its job on them. Default: the "
         "planner's allocation when `plan.cluster_nodes` is set, else `cluster.nodes`.",
     )
+    gpus: int | None = Field(
+        None, ge=1, description="GPUs of this model's job when it needs less than one node: the job asks Slurm for "
+        "that share of one node (its GPUs, host memory and CPUs in proportion, no `--exclusive`) and other such models "
+        "are packed beside it (docs/plan.md \"Models that share nodes\"). With CPU workers (`cluster.gpus_per_node: 0`) "
+        "it counts rank slots of `cluster.procs_per_node`. At most a node's; a model on more uses `plan.nodes`.",
+    )
     tokens: int | None = Field(None, ge=1, description="Token budget for planning (default: max_steps x global_batch x seq_len).")
     deadline_days: float | None = Field(None, gt=0, description="Training must finish within this many days; fewer nodes are infeasible.")
     assumed_mfu: float | None = Field(None, gt=0, le=1, description="Overrides the assumed MFU for this model.")

@@ -175,7 +175,12 @@ class QueueConfig(StrictModel):
     )
     gpu_health_checks: bool | None = Field(None, description="Slurm GPU health checks before jobs. Default: on for GPU instances.")
     root_volume_gb: int = Field(200, ge=35, le=16384, description="Compute node root volume in GiB (gp3); containers and caches go to local NVMe, not here.")
-    exclusive: bool = Field(True, description="Whole-node jobs only (JobExclusiveAllocation).")
+    exclusive: bool | None = Field(
+        None,
+        description="Whole-node jobs only (`JobExclusiveAllocation`). Default: true, except on the queue that runs models "
+                    "sharing nodes (`models[].plan.gpus` below a node's: `cluster.partition`, else every queue), where it is "
+                    "false: Slurm could not place a second share beside the first. `true` there is an error.",
+    )
 
     @field_validator("name")
     @classmethod
@@ -391,6 +396,13 @@ class AwsConfig(StrictModel):
     shared_dirs: SharedDirsConfig = Field(default_factory=SharedDirsConfig, description="Owner and mode of the per-model directories.")
     enroot: EnrootConfig = Field(default_factory=EnrootConfig, description="Where Enroot/Pyxis keep caches and container data.")
     scaledown_idletime: int = Field(10, ge=1, description="Minutes an idle dynamic node waits before it is terminated.")
+    memory_based_scheduling: bool | None = Field(
+        None,
+        description="ParallelCluster's `Scheduling.SlurmSettings.EnableMemoryBasedScheduling` (host memory a consumable "
+                    "resource: `SelectTypeParameters=CR_CPU_Memory`, jobs ask `--mem`). Default: on when any model shares "
+                    "nodes (`models[].plan.gpus` below a node's), else off (ParallelCluster's default). `false` while "
+                    "models share nodes is an error: their jobs could overfill a node's memory.",
+    )
 
     @field_validator("region")
     @classmethod

@@ -18,7 +18,9 @@ from clustertrain.cloud.project_rules import (  # noqa: F401 - re-exported: scri
     checkpoint_bucket,
     data_bucket,
     dir_owner,
+    memory_based_scheduling,
     project_findings,
+    queue_exclusive,
     require_aws,
     scripts_uri,
 )
@@ -73,7 +75,7 @@ def build_cluster_config(project: "Project", catalog: InstanceCatalog | None = N
         head["Networking"]["AdditionalSecurityGroups"] = [net.head_security_group_id]
 
     queues = []
-    for q in aws.queues:
+    for index, q in enumerate(aws.queues):
         facts = cat.get(q.instance_type)
         assert facts is not None  # checked above
         efa = facts.efa if q.efa is None else q.efa
@@ -100,7 +102,7 @@ def build_cluster_config(project: "Project", catalog: InstanceCatalog | None = N
             "ComputeResources": [resource],
             "ComputeSettings": {"LocalStorage": local},
             "Iam": {"AdditionalIamPolicies": _policies(aws, head=False)},
-            "JobExclusiveAllocation": q.exclusive,
+            "JobExclusiveAllocation": queue_exclusive(project, index),
         }
         if "EphemeralVolume" in local:  # the script puts Enroot on the NVMe; a queue without one keeps Enroot's defaults
             queue["CustomActions"] = {action(COMPUTE_SCRIPT).hook: {"Script": f"{uri}/{COMPUTE_SCRIPT}"}}
@@ -114,7 +116,7 @@ def build_cluster_config(project: "Project", catalog: InstanceCatalog | None = N
         "HeadNode": head,
         "Scheduling": {
             "Scheduler": "slurm",
-            "SlurmSettings": _slurm_settings(aws),
+            "SlurmSettings": _slurm_settings(project, aws),
             "SlurmQueues": queues,
         },
     }
@@ -132,8 +134,10 @@ def build_cluster_config(project: "Project", catalog: InstanceCatalog | None = N
     return config
 
 
-def _slurm_settings(aws: AwsConfig) -> dict[str, Any]:
+def _slurm_settings(project: "Project", aws: AwsConfig) -> dict[str, Any]:
     settings: dict[str, Any] = {"ScaledownIdletime": aws.scaledown_idletime}
+    if memory_based_scheduling(project):  # models share nodes: each job's --mem is reserved (project_rules.py)
+        settings["EnableMemoryBasedScheduling"] = True
     if any(q.reserved for q in aws.queues):
         # static nodes on reserved capacity: an update drains them instead of stopping the whole fleet
         settings["QueueUpdateStrategy"] = "DRAIN"

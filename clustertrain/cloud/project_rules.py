@@ -118,6 +118,68 @@ def reservation_findings(aws: AwsConfig) -> list[Finding]:
     return out
 
 
+def sharing_models(project: "Project") -> list[str]:
+    """The models whose jobs run on a share of one node (``models[].plan.gpus`` below a node's,
+    :meth:`clustertrain.project.Project.shares_node`), in file order."""
+    return [m.name for m in project.models if project.shares_node(m)]
+
+
+def memory_based_scheduling(project: "Project") -> bool:
+    """``Scheduling.SlurmSettings.EnableMemoryBasedScheduling``: ``aws.memory_based_scheduling``, else on exactly when
+    models share nodes. With it ParallelCluster's slurm.conf says ``SelectTypeParameters=CR_CPU_Memory`` (else
+    ``CR_CPU``; cookbook ``aws-parallelcluster-slurm/files/default/head_node_slurm/slurm/templates/
+    slurm_parallelcluster.conf``) and its cgroup.conf ``ConstrainRAMSpace=yes`` (``slurm_parallelcluster_cgroup.conf``):
+    each job's ``--mem`` is reserved on the node and enforced."""
+    aws = require_aws(project)
+    if aws.memory_based_scheduling is not None:
+        return aws.memory_based_scheduling
+    return bool(sharing_models(project))
+
+
+def sharing_queue(project: "Project", index: int) -> bool:
+    """Queue ``aws.queues[index]`` runs jobs of models that share nodes: ``cluster.partition`` names it (every queue
+    when no partition is named: a job then goes to Slurm's default partition)."""
+    aws = require_aws(project)
+    if not sharing_models(project):
+        return False
+    partition = project.cluster.partition
+    return partition is None or aws.queues[index].name == partition
+
+
+def queue_exclusive(project: "Project", index: int) -> bool:
+    """``JobExclusiveAllocation`` of ``aws.queues[index]``: its explicit ``exclusive``, else false on a queue that runs
+    shared-node jobs (:func:`sharing_queue`) and true elsewhere. Whole-node jobs stay whole-node on a non-exclusive
+    queue: they ask ``--exclusive`` themselves (``launch.exclusive``)."""
+    q = require_aws(project).queues[index]
+    if q.exclusive is not None:
+        return q.exclusive
+    return not sharing_queue(project, index)
+
+
+def sharing_findings(project: "Project") -> list[Finding]:
+    """Models share nodes but the cluster cannot place shares side by side: memory-based scheduling turned off
+    (``aws.memory_based_scheduling: false``), or the queue that runs them exclusive (``aws.queues[i].exclusive: true``)."""
+    aws = require_aws(project)
+    shared = sharing_models(project)
+    if not shared:
+        return []
+    names = ", ".join(shared)
+    out = []
+    if aws.memory_based_scheduling is False:
+        out.append(Finding("error", "aws.memory_based_scheduling",
+                           f"false while models share nodes ({names}: models[].plan.gpus below a node's); Slurm would "
+                           "not count their host memory and co-located jobs could exhaust a node's",
+                           "remove aws.memory_based_scheduling (it defaults to on) or set it to true"))
+    for i, q in enumerate(aws.queues):
+        if q.exclusive and sharing_queue(project, i):
+            out.append(Finding("error", f"aws.queues[{i}].exclusive",
+                               f"true on queue {q.name!r}, which runs models that share nodes ({names}); "
+                               "JobExclusiveAllocation would give each of their jobs a whole node",
+                               "remove exclusive (whole-node jobs still ask --exclusive themselves, launch.exclusive) "
+                               "or set it to false"))
+    return out
+
+
 def project_findings(project: "Project", catalog: InstanceCatalog | None = None) -> list[Finding]:
     """Every problem of the ``aws:`` section that the project model alone cannot see; [] without ``aws:``."""
     aws = project.aws
@@ -145,6 +207,7 @@ def project_findings(project: "Project", catalog: InstanceCatalog | None = None)
         if q.gpu_health_checks and facts.gpus == 0:
             err(f"aws.queues[{i}].gpu_health_checks", f"{q.instance_type} has no NVIDIA GPU", "set gpu_health_checks: false")
     out += reservation_findings(aws)
+    out += sharing_findings(project)
     cl = project.cluster
     if cl.partition is not None:
         names = [q.name for q in aws.queues]

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING
 
 from clustertrain.cloud.config import CONTAINERS_CACHE_NAME
 from clustertrain.cloud.pcluster import COMPUTE_SCRIPT, HEAD_SCRIPT, SETUP_DIRS_SCRIPT, dir_owner, require_aws, scripts_uri
+from clustertrain.cloud.project_rules import sharing_models
 from clustertrain.core.errors import ConfigError
 from clustertrain.core.storage_layout import off_mount_problems, project_dirs
 from clustertrain.core.run_paths import write_atomic
@@ -132,7 +133,8 @@ def render_node_scripts(project: "Project", allow_off_mount: bool = False) -> di
         HEAD_SCRIPT: render(TEMPLATES, "head-node.sh.j2", **common, scripts_uri=scripts_uri(project),
                             slurm_etc=SLURM_ETC, pyxis_so=PYXIS_SO, pyxis_runtime=PYXIS_RUNTIME,
                             plugstack_conf=plugstack_conf(), pyxis_conf=pyxis_conf(), docker=aws.head_node.docker,
-                            docker_data_root=aws.head_node.docker_data_root),
+                            docker_data_root=aws.head_node.docker_data_root,
+                            constrain_devices=bool(sharing_models(project))),
         COMPUTE_SCRIPT: render(TEMPLATES, "compute-node.sh.j2", **common, local_dir=local_dir,
                                cache_name=CONTAINERS_CACHE_NAME, marks=ENROOT_MARKS, enroot_keys=[k for k, _ in enroot_settings(local_dir)],
                                enroot_block=enroot_block(local_dir)),

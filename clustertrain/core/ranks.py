@@ -21,7 +21,17 @@ of ``SLURM_JOB_ID``, else 29500 (torchrun's default). A batch script sets both b
 The port rule: ``20000 + job id % 10000``, so 20000-29999 — above the privileged ports, below
 Linux's ephemeral range (``net.ipv4.ip_local_port_range``, default 32768-60999, where an outgoing
 connection could already hold the port), the same on every node of a job, and different for the
-10000 jobs that follow one another (two jobs sharing a node seldom collide).
+10000 jobs that follow one another. Whole-node jobs never share a node (``--exclusive``), so that is enough for them.
+
+Jobs that share a node (``models[].plan.gpus``, one node each) need more: two of them running at once with job ids
+10000 apart would meet on one port. Their rule (:func:`shared_node_port`, ``batch_lines(shared_node=True)``) is
+``20000 + (job id % 625) x 16 + the job's first GPU``, the first GPU being the first of ``SLURM_JOB_GPUS`` — the
+job's global GPU ids, "not relative to any device cgroup, even if devices are constrained", set in batch jobs (Slurm's
+sbatch man page, OUTPUT ENVIRONMENT VARIABLES). Jobs on one node hold disjoint GPUs, so their first GPUs differ and
+so do their ports, whatever their ids (up to 16 GPUs a node; still 20000-29999). A share of CPU workers (no GPUs,
+no ``SLURM_JOB_GPUS``) keeps the job-id rule. Ports that a rank binds itself (NCCL's and gloo's sockets, the async
+checkpoint writers' store, :mod:`clustertrain.train.checkpoint_async` ``_free_port``) ask the kernel for port 0,
+which it picks from the ephemeral range, never from 20000-29999 and never one that is in use.
 
 Slurm hostlists (``node[01-03,7],gpu-[1-2]-x,other``): :func:`expand_hostlist`, the same list as
 ``scontrol show hostnames`` (zero padding kept, several bracket groups multiply).
@@ -39,6 +49,10 @@ from clustertrain.core.errors import ClusterTrainError
 
 PORT_BASE = 20000
 PORT_SPAN = 10000
+#: shared-node jobs: GPUs a node may have (the port's low part), and job-id slots above them (SHARED_SLOTS x GPU_SLOTS
+#: = PORT_SPAN: the same 20000-29999)
+GPU_SLOTS = 16
+SHARED_SLOTS = PORT_SPAN // GPU_SLOTS
 DEFAULT_PORT = 29500  # torchrun's, for a job that is not a Slurm job and names no MASTER_PORT
 #: What a process reads to find its rank and its peers; also what a container must take from the host
 #: (Pyxis ``--container-env``), so an image's own values cannot rewire the ranks.
@@ -125,17 +139,34 @@ def port_for_job(job_id: str | int) -> int:
     return PORT_BASE + int(text) % PORT_SPAN
 
 
-def batch_lines() -> list[str]:
+def shared_node_port(job_id: str | int, first_gpu: int | None) -> int:
+    """The rendezvous port of a job on a share of one node (see the module docstring): ``PORT_BASE + (job id %
+    SHARED_SLOTS) x GPU_SLOTS + first_gpu``; :func:`port_for_job` without GPUs (``first_gpu`` None)."""
+    if first_gpu is None:
+        return port_for_job(job_id)
+    if not 0 <= first_gpu < GPU_SLOTS:
+        raise RankError(f"rank environment: GPU id {first_gpu} is outside 0-{GPU_SLOTS - 1}; the shared-node port rule "
+                        f"covers nodes of up to {GPU_SLOTS} GPUs")
+    return PORT_BASE + (port_for_job(job_id) - PORT_BASE) % SHARED_SLOTS * GPU_SLOTS + first_gpu
+
+
+def batch_lines(shared_node: bool = False) -> list[str]:
     """The bash lines a batch script runs before ``srun``: drop inherited torchrun variables (srun's
     SLURM_* decide the ranks), then export MASTER_ADDR (the first node's NodeAddr, else its name) and
-    MASTER_PORT (:func:`port_for_job`'s rule) — what :func:`detect_ranks` derives on the ranks."""
-    return [
+    MASTER_PORT (:func:`port_for_job`'s rule; with ``shared_node``, :func:`shared_node_port`'s where the job has
+    GPUs) — what :func:`detect_ranks` derives on the ranks."""
+    lines = [
         f"unset {' '.join(TORCHRUN_VARIABLES)}",
         'first_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "MASTER_ADDR=$(scontrol show node \"$first_node\" -o | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p')",
         'export MASTER_ADDR="${MASTER_ADDR:-$first_node}"',
         f"export MASTER_PORT=$(({PORT_BASE} + SLURM_JOB_ID % {PORT_SPAN}))",
     ]
+    if shared_node:  # a share of one node: co-located jobs hold disjoint GPUs, so their first GPUs differ
+        lines += ['first_gpu="${SLURM_JOB_GPUS:-}"; first_gpu="${first_gpu%%,*}"',
+                  f'case "$first_gpu" in ""|*[!0-9]*) ;; *) [ "$first_gpu" -lt {GPU_SLOTS} ] && '
+                  f'export MASTER_PORT=$(({PORT_BASE} + SLURM_JOB_ID % {SHARED_SLOTS} * {GPU_SLOTS} + first_gpu)) ;; esac']
+    return lines
 
 
 def expand_hostlist(expr: str) -> list[str]:

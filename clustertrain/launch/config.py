@@ -75,7 +75,9 @@ class LaunchConfig(StrictModel):
         "at the plan's step time and says how many are needed. A bound you choose on what one submission may spend; "
         "1 = never continue.",
     )
-    exclusive: bool = Field(True, description="Ask for whole nodes (`--exclusive`).")
+    exclusive: bool = Field(True, description="Whole-node jobs ask for their nodes whole (`--exclusive`). A job on a share "
+                            "of one node (`models[].plan.gpus`) never does, whatever this says: it asks for its GPUs, memory "
+                            "and CPUs so that other shares fit beside it (docs/slurm.md \"Jobs that share a node\").")
     gpu_directive: Literal["gpus-per-node", "gres"] = Field(
         "gpus-per-node", description="How GPUs are requested: `--gpus-per-node=N`, or `--gres=gpu:N` for clusters without GPU TRES."
     )

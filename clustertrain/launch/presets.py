@@ -1,4 +1,4 @@
-"""NCCL/EFA environment presets: data in ``nccl_presets.yaml`` (format version 4 and sources documented
+"""NCCL/EFA environment presets: data in ``nccl_presets.yaml`` (format version 5 and sources documented
 there), looked up by the instance type's preset family, the scale and the OS, with the project's
 ``launch.env`` applied on top.
 
@@ -30,7 +30,7 @@ from clustertrain.plan.catalog import read_catalog
 from clustertrain.core.schema import read_yaml
 
 PRESETS_FILE = Path(__file__).with_name("nccl_presets.yaml")
-PRESETS_VERSION = 4
+PRESETS_VERSION = 5
 #: rule name -> the shell command that prints the value on the node (the batch script runs it, ``$(...)``)
 NODE_RULES: dict[str, str] = {
     # The interface of the default route with the lowest metric, from the kernel's routing table (/proc/net/route:
@@ -68,7 +68,7 @@ def load_presets(path: Path = PRESETS_FILE) -> dict:
     data = read_yaml(path)
     if not isinstance(data, dict) or data.get("version") != PRESETS_VERSION or "families" not in data:
         raise ConfigError(f"{path}: not a version-{PRESETS_VERSION} NCCL preset file "
-                          "(keys version, small_max_nodes, os_layout, efa_common, families, discouraged)")
+                          "(keys version, small_max_nodes, os_layout, efa_common, within_node, families, discouraged)")
     return data
 
 
@@ -90,23 +90,31 @@ def discouraged(presets: dict | None = None) -> dict[str, str]:
     return dict((presets or load_presets()).get("discouraged") or {})
 
 
+#: the scale of a job on a share of one node (``models[].plan.gpus``): the file's ``within_node`` layer only
+WITHIN_NODE = "within_node"
+
+
 def rank_environment(instance_type: str | None, nodes: int, launch: LaunchConfig | None = None,
-                     presets: dict | None = None, os: str | None = None, container: bool = False) -> RankEnvironment:
+                     presets: dict | None = None, os: str | None = None, container: bool = False,
+                     within_node: bool = False) -> RankEnvironment:
     """The preset of ``instance_type`` at ``nodes`` nodes on ``os`` (``aws.os``; None = unknown), with
-    ``launch.env`` over it. ``container``: the ranks run in a container image (nothing is prepended)."""
+    ``launch.env`` over it. ``container``: the ranks run in a container image (nothing is prepended).
+    ``within_node``: the job runs on a share of one node (:meth:`clustertrain.project.Project.shares_node`): its
+    collectives never leave the node (NCCL's P2P/NVLink and SHM transports), so neither the EFA layer nor the
+    family's scale blocks apply, only the file's ``within_node`` layer (scale ``within_node``, ``efa`` False)."""
     presets = presets or load_presets()
     preset, efa = preset_of(instance_type)
     spec = presets["families"].get(preset) if preset else None
-    efa = efa and spec is not None
+    efa = efa and spec is not None and not within_node
     values: dict[str, str] = {}
     prepend: dict[str, list[str]] = {}
     on_node: dict[str, str] = {}
     scale = None
     layout = (presets.get("os_layout") or {}).get(os) if os else None
     if spec is not None:
-        scale = scale_of(nodes, presets)
+        scale = WITHIN_NODE if within_node else scale_of(nodes, presets)
         layers = [presets.get("efa_common", {})] if efa else []
-        layers += [spec.get("all") or {}, spec.get(scale) or {}]
+        layers += [presets.get(WITHIN_NODE) or {}] if within_node else [spec.get("all") or {}, spec.get(scale) or {}]
         for layer in layers:
             values.update({k: str(v) for k, v in (layer.get("env") or {}).items()})
             on_node.update({k: str(v) for k, v in (layer.get("on_node") or {}).items()})

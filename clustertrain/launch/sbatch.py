@@ -48,6 +48,7 @@ from clustertrain import __version__
 from clustertrain.core.errors import LaunchError
 from clustertrain.launch.config import ENV_NAME_RE, LaunchConfig, launch_config_of
 from clustertrain.launch.presets import RankEnvironment, node_env_lines, rank_environment
+from clustertrain.plan.packing import JobShare, job_share
 from clustertrain.core.storage_layout import storage_layout
 from clustertrain.project import ModelEntry, Project
 from clustertrain.core.ranks import RANK_VARIABLES, batch_lines
@@ -78,6 +79,13 @@ class SbatchRequest:
     gpus_per_node: int = 0
     gpu_directive: str = "gpus-per-node"
     cpus_per_task: int | None = None
+    #: a job on a share of one node (models[].plan.gpus, :func:`clustertrain.plan.packing.job_share`): ``--mem`` in MB
+    #: and ``--cpus-per-gpu`` (None: whole nodes, or unknown for an instance type outside the catalog)
+    mem_mb: int | None = None
+    cpus_per_gpu: int | None = None
+    #: the job runs on a share of one node: its rendezvous port follows its first GPU (:func:`clustertrain.core.ranks.
+    #: shared_node_port`), as other jobs may run on the node
+    shared_node: bool = False
     #: cluster.threads_per_worker: the ranks' OMP_NUM_THREADS (None: the node's CPUs / ranks per node, computed on the node)
     threads_per_rank: int | None = None
     partition: str | None = None
@@ -160,8 +168,9 @@ def render_template(template: str, **context: object) -> str:
     quoting with :func:`shlex.quote`; ``sq``: :func:`sbatch_quote`); ``template`` (the template's path in
     the package) is passed for the header, ``rank_wiring`` the lines that export the rendezvous
     (:func:`clustertrain.core.ranks.batch_lines`). Callers check their values with :func:`check_renderable`."""
+    context = {"rank_wiring": batch_lines(), **context}  # a caller may pass its own rank_wiring
     return script_environment().get_template(template).render(template=f"clustertrain/launch/templates/{template}",
-                                                        rank_wiring=batch_lines(), **context)
+                                                        **context)
 
 
 def default_log_dir(project: Project, entry: ModelEntry) -> Path:
@@ -195,13 +204,16 @@ def build_request(project: Project, entry: ModelEntry, run_dir: Path, *, launch:
     cluster = project.cluster
     run_dir = Path(run_dir).absolute()
     log_dir = default_log_dir(project, entry).absolute()
-    if nodes is None:
+    share = job_share(project, entry)  # None: whole nodes
+    if share is not None:
+        nodes = project.job_nodes(entry)
+    elif nodes is None:
         from clustertrain.plan.node_counts import nodes_for
 
         nodes = nodes_for(project)[entry.name]
     image = project.container_image
     env = rank_environment(cluster.instance_type, nodes, launch, os=project.aws.os if project.aws else None,
-                           container=bool(image))
+                           container=bool(image), within_node=share is not None)
     mounts: tuple[str, ...] = ()
     if image:  # the run directory is the working directory; the cache root is where HOME and caches go
         mounts, env = container_step(project, env, run_dir, (log_dir,))
@@ -220,10 +232,28 @@ def build_request(project: Project, entry: ModelEntry, run_dir: Path, *, launch:
         submit_command=submit_command or f"clustertrain submit PROJECT --model {entry.name}",
         exclude=tuple(exclude), suspects=storage_layout(project).suspects_file().absolute(),
     )
+    if share is not None:
+        request = replace(request, **share_fields(cluster.gpus_per_node, cluster.cpus_per_task, share))
     if entry.framework == "megatron":
         request = megatron_request(project, entry, request, data)
     check_request(request)
     return request
+
+
+def share_fields(gpus_per_node: int, cpus_per_task: int | None, share: JobShare) -> dict[str, object]:
+    """The request fields of a job on a share of one node (docs/slurm.md "Jobs that share a node"): one node, one
+    rank per GPU of the share (``plan.gpus``; rank slots with CPU workers), ``--gpus-per-node``/``--gres`` of those
+    GPUs, ``--mem`` of the share's host memory, and its CPUs: ``--cpus-per-gpu`` unless ``cluster.cpus_per_task``
+    is set (sbatch refuses the two together: "--cpus-per-gpu is mutually exclusive with --cpus-per-task", Slurm's
+    sbatch man page "Not compatible with the --cpus-per-task option"; one rank per GPU makes them the same thing).
+    With CPU workers the CPUs are ``--cpus-per-task``. Never ``--exclusive``: that would take the whole node
+    (``launch.exclusive`` applies to whole-node jobs only)."""
+    cpus = share.cpus_per_gpu
+    per_gpu = cpus if gpus_per_node and cpus_per_task is None else None
+    per_task = cpus_per_task if cpus_per_task is not None or gpus_per_node else cpus
+    return {"nodes": 1, "ntasks_per_node": share.gpus, "gpus_per_node": share.gpus if gpus_per_node else 0,
+            "mem_mb": share.mem_mb, "cpus_per_gpu": per_gpu, "cpus_per_task": per_task, "exclusive": False,
+            "shared_node": True}
 
 
 def megatron_request(project: Project, entry: ModelEntry, request: SbatchRequest,
@@ -310,7 +340,8 @@ def render_script(request: SbatchRequest) -> str:
     check_request(request)
     wd_srun, wd_command = watchdog_command(request)
     return render_template(TEMPLATE, r=request, srun=srun_command(request), wd_srun=wd_srun, wd_command=wd_command,
-                           step_srun=step_srun(request), backup_words=in_container(request, list(request.backup_command)))
+                           step_srun=step_srun(request), backup_words=in_container(request, list(request.backup_command)),
+                           rank_wiring=batch_lines(shared_node=request.shared_node))
 
 
 def step_srun(request: SbatchRequest) -> list[str]:

@@ -90,8 +90,25 @@ class NvmlGpus:
 
     def __init__(self, nvml: Any, count: int) -> None:
         self._nvml = nvml
-        # a GPU NVML cannot open (fallen off the bus...) keeps its place: its rows have empty cells
-        self._handles = [self._call(nvml.nvmlDeviceGetHandleByIndex, i) for i in range(count)]
+        # a GPU NVML cannot open (fallen off the bus...) keeps its place: its rows have empty cells. A GPU it may not
+        # open (NVML_ERROR_NO_PERMISSION) is another job's, behind Slurm's device cgroup (ConstrainDevices) on a node
+        # that jobs share: not ours to sample. nvmlDeviceGetCount_v2 counts every GPU of the node "even if
+        # nvmlDeviceGetHandleByIndex_v2 returns NVML_ERROR_NO_PERMISSION for such device" (NVML API reference,
+        # nvmlDeviceGetCount), so the job's own GPUs are those left, in NVML's order: its rows' index 0..n-1.
+        denied = getattr(nvml, "NVMLError_NoPermission", None)
+        self._handles: list[Any] = []
+        self._nvml_index: dict[int, int] = {}  # NVML's index -> ours (XID events name NVML's)
+        self.others = 0  # GPUs of the node this job may not open
+        for i in range(count):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(i)
+            except nvml.NVMLError as exc:
+                if denied is not None and isinstance(exc, denied):
+                    self.others += 1
+                    continue
+                handle = None
+            self._nvml_index[i] = len(self._handles)
+            self._handles.append(handle)
         self._links = [self._nvlink_counters(h) if h is not None else [] for h in self._handles]
         self._events = None
         self._open = True
@@ -205,7 +222,7 @@ class NvmlGpus:
 
     def _index_of(self, device: Any) -> int:
         index = self._call(self._nvml.nvmlDeviceGetIndex, device)
-        return int(index) if index is not None else -1
+        return self._nvml_index.get(int(index), -1) if index is not None else -1
 
 
 def _sleep(seconds: float) -> None:
@@ -227,9 +244,13 @@ def open_gpus(nvml: Any = None) -> tuple[GpuSource, str]:
         return NoGpus(), f"no NVML ({exc}): host columns only"
     try:
         count = nvml.nvmlDeviceGetCount()
-        if count > 0:
-            gpus = NvmlGpus(nvml, count)
-            return gpus, f"{count} GPU(s) through NVML"
+        gpus = NvmlGpus(nvml, count) if count > 0 else None
+        if gpus is not None and gpus.count() > 0:
+            others = f" ({gpus.others} more on the node, another job's)" if gpus.others else ""
+            return gpus, f"{gpus.count()} GPU(s) through NVML{others}"
+        if gpus is not None:
+            gpus.close()
+            return NoGpus(), f"NVML sees {count} GPU(s), all another job's: host columns only"
     except nvml.NVMLError as exc:
         reason = f"NVML answered but no device could be read ({exc}): host columns only"
     else:

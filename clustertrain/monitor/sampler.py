@@ -17,7 +17,18 @@ Files, in ``RUN_DIR/monitor/`` (:class:`clustertrain.core.run_paths.RunPaths`), 
   (warning: a HW slowdown, HW thermal slowdown, HW power brake or SW thermal slowdown clock-event reason),
   ``gpu_ecc`` (error: the volatile uncorrected ECC count grew), ``gpu_xid`` (error: each critical XID), and
   ``sampler_failed`` (error: the sampler's loop raised; the message is the exception).
-- ``<node>.log``: the process's stdout and stderr (one start line; a traceback if it failed).
+- ``<node>.log``: the process's stdout and stderr (one start line; a traceback if it failed). The start line
+  names the Slurm job and the GPUs it was given (:func:`job_scope`).
+
+Jobs that share a node (``models[].plan.gpus``, issue 42). Each model has its own run directory, so two jobs on one
+node write two sets of files (``RUN_DIR/monitor/<node>.*``), never one. Each job's sampler sees only its own GPUs:
+Slurm confines a job's devices to the GPUs it was given (cgroup ``ConstrainDevices=yes``, which the cluster's
+head-node.sh sets where models share nodes, clustertrain/cloud/templates/head-node.sh.j2; Pyxis containers keep the
+job's cgroup, GPUs included: NVIDIA/pyxis issue 72). NVML may still count the node's other GPUs but cannot open them
+(NVML_ERROR_NO_PERMISSION, :class:`clustertrain.monitor.gpus.NvmlGpus` leaves them out; ``nvidia-smi -L`` in a task's
+cgroup lists only its own GPU: NVIDIA/deepops issue 1102), so the rows are the job's GPUs, ``index`` 0..n-1 in NVML's
+order; the start line maps them to the node's GPUs (``SLURM_JOB_GPUS``: global
+ids, "not relative to any device cgroup", Slurm's sbatch man page) and says what ``CUDA_VISIBLE_DEVICES`` was.
 
 It never slows or stops training: it is its own process at ``nice`` +10, keeps only the previous counters
 (nothing accumulates), and a failure ends the sampler only (exit 1 after the ``sampler_failed`` event).
@@ -256,8 +267,8 @@ def run(paths: RunPaths, node: str, interval_s: float, gpu_temp_c: float, parent
     try:
         if gpus is None:
             gpus, found = open_gpus()
-            print(f"node sampler on {node} (pid {os.getpid()}): {found}; a sample every {interval_s:g} s into "
-                  f"{paths.node_samples(node)}", flush=True)
+            print(f"node sampler on {node} (pid {os.getpid()}): {found}{job_scope(os.environ)}; a sample every "
+                  f"{interval_s:g} s into {paths.node_samples(node)}", flush=True)
         sampler = Sampler(paths, node, gpu_temp_c, gpus)
         next_at = time.monotonic()
         while not _parent_gone(parent):
@@ -278,6 +289,19 @@ def run(paths: RunPaths, node: str, interval_s: float, gpu_temp_c: float, parent
             sampler.close()
         if gpus is not None:
             gpus.close()
+
+
+def job_scope(env: Any) -> str:
+    """What the start line says about the job whose GPUs this sampler reads: ``, job J (node GPUs G;
+    CUDA_VISIBLE_DEVICES=V)`` from ``SLURM_JOB_ID``, ``SLURM_JOB_GPUS`` and ``CUDA_VISIBLE_DEVICES``; empty outside
+    a Slurm job."""
+    job = env.get("SLURM_JOB_ID")
+    if not job:
+        return ""
+    parts = [f"node GPUs {env['SLURM_JOB_GPUS']}"] if env.get("SLURM_JOB_GPUS") else []
+    if env.get("CUDA_VISIBLE_DEVICES") is not None:
+        parts.append(f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}")
+    return f", job {job}" + (f" ({'; '.join(parts)})" if parts else "")
 
 
 def _record_failure(paths: RunPaths, node: str, exc: Exception) -> None:

@@ -105,3 +105,25 @@ def test_no_secret_or_account_id_in_generated_files(project_file, tmp_path):
         assert not re.search(r"(?<![0-9a-f-])\d{12}(?![0-9a-f])", text), p
         assert not re.search(r"(AKIA|ASIA)[0-9A-Z]{16}|PRIVATE KEY|aws_secret_access_key", text, re.I), p
         assert "clustertrain" in "".join(text.splitlines()[:3]), f"{p} names the tool in its header"
+
+
+@pytest.mark.parametrize("override,text", [
+    ("aws.memory_based_scheduling=false", "aws.memory_based_scheduling: false while models share nodes (model-2, model-3"),
+    ("aws.queues.0.exclusive=true", "aws.queues[0].exclusive: true on queue 'gpu-queue', which runs models that share nodes"),
+])
+def test_a_cluster_that_cannot_place_shared_models_exits_2(project_file, tmp_path, override, text):
+    """Models on a share of a node (models[].plan.gpus, issue 42) need memory-based scheduling and a queue that is not
+    JobExclusiveAllocation: turning either off is one line, exit 2, and nothing written."""
+    out = tmp_path / "cluster.yaml"
+    out.write_text("previous\n")
+    shares = [a for i in (1, 2) for a in ("--set", f"models.{i}.plan.gpus=4")]
+    ok = runner.invoke(app, ["config", str(project_file), "-o", str(out), *shares])
+    assert ok.exit_code == 0, ok.output
+    written = yaml.safe_load(out.read_text())
+    assert written["Scheduling"]["SlurmSettings"]["EnableMemoryBasedScheduling"] is True
+    assert written["Scheduling"]["SlurmQueues"][0]["JobExclusiveAllocation"] is False
+    out.write_text("previous\n")
+    r = runner.invoke(app, ["config", str(project_file), "-o", str(out), *shares, "--set", override, "--no-schema"])
+    assert r.exit_code == 2, r.output
+    assert text in r.output and r.output.startswith("error: ") and r.output.count("\n") == 1
+    assert out.read_text() == "previous\n"

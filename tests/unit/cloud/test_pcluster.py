@@ -107,3 +107,104 @@ def test_schema_check_makes_no_network_connection(scenario, monkeypatch):
     assert all(addr == ("127.0.0.1", 9) for addr in opened), opened
     import os
     assert os.environ["AWS_ACCESS_KEY_ID"] == "AKIAEXAMPLEEXAMPLE00"  # restored afterwards
+
+
+# ----- models that share nodes (issue 42): memory-based scheduling and a non-exclusive queue -----
+
+def shared_raw(**aws: object) -> dict:
+    """The deployed scenario with two of its models on a 4-GPU share of one node each (models[].plan.gpus)."""
+    raw = scenario_raw()
+    for m in raw["models"][1:3]:
+        m["plan"] = {"gpus": 4}
+    raw["aws"].update(aws)
+    return raw
+
+
+def test_sharing_models_enable_memory_based_scheduling_and_a_shared_queue_and_pass_pcluster():
+    project = validate_project(shared_raw(), source="test")
+    config = build_cluster_config(project)
+    assert config["Scheduling"]["SlurmSettings"]["EnableMemoryBasedScheduling"] is True
+    assert [q["JobExclusiveAllocation"] for q in config["Scheduling"]["SlurmQueues"]] == [False]
+    report = validate_cluster_config(config)  # aws-parallelcluster's schema and its offline validators
+    assert report.schema_ran and report.findings == [], [str(f) for f in report.findings]
+    loaded = schema_findings(config)
+    assert loaded == []
+
+
+def test_whole_node_projects_keep_parallelclusters_defaults(scenario):
+    config = build_cluster_config(scenario)
+    assert "EnableMemoryBasedScheduling" not in config["Scheduling"]["SlurmSettings"]
+    assert [q["JobExclusiveAllocation"] for q in config["Scheduling"]["SlurmQueues"]] == [True]
+
+
+def test_memory_based_scheduling_can_be_asked_for_without_shared_models():
+    raw = scenario_raw()
+    raw["aws"]["memory_based_scheduling"] = True
+    config = build_cluster_config(validate_project(raw, source="test"))
+    assert config["Scheduling"]["SlurmSettings"]["EnableMemoryBasedScheduling"] is True
+    assert validate_cluster_config(config).findings == []
+
+
+@pytest.mark.parametrize("aws, field", [
+    ({"memory_based_scheduling": False}, "aws.memory_based_scheduling"),
+    ({"queues": "exclusive"}, "aws.queues[0].exclusive"),
+], ids=["memory-off", "queue-exclusive"])
+def test_sharing_models_refuse_a_cluster_that_cannot_place_them(aws, field):
+    from clustertrain.cloud.pcluster import check_project_aws
+    from clustertrain.core.errors import ConfigError
+
+    raw = shared_raw()
+    if aws.get("queues") == "exclusive":
+        raw["aws"]["queues"][0]["exclusive"] = True
+    else:
+        raw["aws"].update(aws)
+    project = validate_project(raw, source="test")
+    with pytest.raises(ConfigError) as e:
+        build_cluster_config(project)
+    assert str(e.value).startswith(f"{field}: ") and "model-2, model-3" in str(e.value)
+    with pytest.raises(ConfigError):
+        check_project_aws(project)
+
+
+#: ParallelCluster's cgroup.conf as its cookbook writes it (aws/aws-parallelcluster-cookbook
+#: cookbooks/aws-parallelcluster-slurm/templates/default/slurm/cgroup.conf.erb): no ConstrainDevices
+COOKBOOK_CGROUP_CONF = """###
+# Slurm cgroup support configuration file
+###
+CgroupAutomount=yes
+ConstrainCores=yes
+#
+# WARNING!!! The slurm_parallelcluster_cgroup.conf file included below can be updated by the pcluster process.
+# Please do not edit it.
+include slurm_parallelcluster_cgroup.conf
+"""
+
+
+def _device_block(script: str) -> str:
+    """head-node.sh's prelude (variables, log, write_file) and its ConstrainDevices block, without the rest."""
+    prelude = script.split('if [[ -f "$ROOT$PYXIS_SO" ]]', 1)[0]
+    block = script.split('CGROUP_CONF="$ROOT$SLURM_ETC/cgroup.conf"', 1)[1].split('work="$(mktemp -d)"', 1)[0]
+    return prelude + 'CGROUP_CONF="$ROOT$SLURM_ETC/cgroup.conf"' + block
+
+
+def test_head_node_confines_devices_when_models_share_nodes(tmp_path, scenario):
+    import os
+    import subprocess
+
+    from clustertrain.cloud import render_node_scripts
+
+    assert "ConstrainDevices" not in render_node_scripts(scenario)["head-node.sh"]  # whole-node projects: unchanged
+    script = render_node_scripts(validate_project(shared_raw(), source="test"))["head-node.sh"]
+    root, bin_dir = tmp_path / "root", tmp_path / "bin"
+    conf = root / "opt/slurm/etc/cgroup.conf"
+    conf.parent.mkdir(parents=True)
+    conf.write_text(COOKBOOK_CGROUP_CONF + "constraindevices = no\n")
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text('#!/bin/sh\necho "$@" >> "$CALLS"\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin", "CLUSTERTRAIN_ROOT": str(root),
+           "CLUSTERTRAIN_LOG": str(tmp_path / "head.log"), "CALLS": str(tmp_path / "calls")}
+    for _ in range(2):  # safe to re-run: one setting, the cookbook's lines kept
+        subprocess.run(["bash", "-c", _device_block(script)], env=env, check=True, capture_output=True)
+    assert conf.read_text() == COOKBOOK_CGROUP_CONF + "ConstrainDevices=yes\n"
+    assert (tmp_path / "calls").read_text() == "reconfigure\nreconfigure\n"

@@ -347,3 +347,91 @@ def test_dry_run_for_the_local_slurm_shows_the_ranks_in_the_container_view(tmp_p
     view = next(ln for ln in local.script.splitlines() if ln.startswith("srun "))
     assert "container_view" not in pyxis and f"srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=1 --container-image={image}" in pyxis
     assert view.index("-m clustertrain.launch.container_view") < view.index(f"--container-image={image}") < view.index(" -- ")
+
+
+# ----- a job on a share of one node (issue 42: models[].plan.gpus) -----
+
+def shared_project(gpus: int = 4, **cluster):
+    """Two models on p5e.48xlarge: ``whole`` on cluster.nodes whole nodes, ``half`` on a ``gpus``-GPU share of one."""
+    cl = {"backend": "slurm", "nodes": 2, "gpus_per_node": 8, "instance_type": "p5e.48xlarge", "partition": "gpu",
+          **cluster}
+    model = {"model": {"layers": 2, "hidden": 64, "heads": 4, "seq_len": 64}}
+    return validate_project({
+        "name": "proj", "cluster": cl, "storage": {"root": "/fsx"},
+        "models": [{"name": "whole", **model, "training": {"max_steps": 10, "micro_batch": 8, "global_batch": 8 * 16}},
+                   {"name": "half", **model, "training": {"max_steps": 10, "micro_batch": 8, "global_batch": 8 * gpus},
+                    "plan": {"gpus": gpus}}],
+    })
+
+
+def directives(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("#SBATCH ")]
+
+
+def test_golden_shared_node_job_and_its_whole_node_neighbour():
+    from clustertrain.plan.packing import job_share
+
+    p = shared_project()
+    half, whole = p.model("half"), p.model("whole")
+    share = job_share(p, half)
+    assert share is not None and (share.gpus, share.cpus_per_gpu) == (4, 24)  # p5e.48xlarge: 192 vCPUs / 8 GPUs
+    assert share.mem_mb == int(2048 * 1024 * 0.95) * 4 // 8  # ParallelCluster's RealMemory (95 %) in proportion
+    req = build_request(p, half, Path("/fsx/proj/half"), python="/opt/venv/bin/python",
+                        submit_command="clustertrain submit proj.yaml --model half")
+    text = golden_text(req)
+    check_golden("sbatch_shared_node_p5e.sh", text)
+    lines = directives(text)
+    for line in ("#SBATCH --nodes=1", "#SBATCH --ntasks-per-node=4", "#SBATCH --gpus-per-node=4",
+                 "#SBATCH --cpus-per-gpu=24", f"#SBATCH --mem={share.mem_mb}M"):
+        assert line in lines, line
+    assert "#SBATCH --exclusive" not in lines and not any(a.startswith("#SBATCH --cpus-per-task") for a in lines)
+    # the trainer's world is the share: 1 node x 4 tasks; no --cpus-per-task on srun (the step inherits cpus-per-gpu)
+    assert "srun --kill-on-bad-exit=1 --nodes=1 --ntasks-per-node=4 --cpu-bind=none " in text
+    # NCCL within one node: no EFA layer (no socket interface rules, no libfabric/aws-ofi-nccl directories)
+    assert req.env.scale == "within_node" and req.env.efa is False
+    assert "NCCL_SOCKET_IFNAME" not in text and "GLOO_SOCKET_IFNAME" not in text and "FI_" not in text
+    # the whole-node model of the same project keeps --exclusive and its EFA preset
+    wtext = render_script(build_request(p, whole, Path("/fsx/proj/whole"), python="/opt/venv/bin/python"))
+    wlines = directives(wtext)
+    assert "#SBATCH --exclusive" in wlines and "#SBATCH --nodes=2" in wlines and "#SBATCH --ntasks-per-node=8" in wlines
+    assert not any(a.startswith(("#SBATCH --mem", "#SBATCH --cpus-per-gpu")) for a in wlines)
+    assert "export NCCL_SOCKET_IFNAME='^docker,lo,veth'" in wtext
+
+
+def test_shared_node_job_with_cpus_per_task_and_gres_never_asks_cpus_per_gpu():
+    p = shared_project(gpus=2, cpus_per_task=12)
+    req = build_request(p, p.model("half"), Path("/fsx/proj/half"), python="/opt/venv/bin/python",
+                        launch=LaunchConfig(gpu_directive="gres", exclusive=True))
+    lines = directives(render_script(req))
+    assert "#SBATCH --gres=gpu:2" in lines and "#SBATCH --cpus-per-task=12" in lines
+    assert not any(a.startswith("#SBATCH --cpus-per-gpu") for a in lines)  # sbatch refuses both together
+    assert "#SBATCH --exclusive" not in lines  # launch.exclusive applies to whole-node jobs only
+    assert "--cpus-per-task=12" in srun_command(req)  # 22.05+: srun does not inherit it
+
+
+def test_shared_node_job_outside_the_catalog_asks_no_memory_or_cpus():
+    p = shared_project(instance_type=None)
+    req = build_request(p, p.model("half"), Path("/fsx/proj/half"), python="/opt/venv/bin/python")
+    lines = directives(render_script(req))
+    assert "#SBATCH --gpus-per-node=4" in lines and "#SBATCH --nodes=1" in lines
+    assert not any(a.startswith(("#SBATCH --mem", "#SBATCH --cpus-per-gpu", "#SBATCH --exclusive")) for a in lines)
+
+
+def test_shared_node_job_of_cpu_workers_asks_cpus_per_task():
+    p = validate_project({
+        "name": "proj", "cluster": {"backend": "slurm", "nodes": 1, "gpus_per_node": 0, "procs_per_node": 4,
+                                    "instance_type": "c6i.4xlarge"},
+        "storage": {"root": "/fsx"},
+        "models": [{"name": "m", "model": {"layers": 2, "hidden": 64, "heads": 4, "seq_len": 64},
+                    "training": {"max_steps": 10, "micro_batch": 8, "global_batch": 16}, "plan": {"gpus": 2}}],
+    })
+    req = build_request(p, p.models[0], Path("/fsx/proj/m"), python="/opt/venv/bin/python")
+    lines = directives(render_script(req))
+    assert "#SBATCH --ntasks-per-node=2" in lines and "#SBATCH --nodes=1" in lines
+    assert not any("gpu" in a or a.startswith("#SBATCH --exclusive") for a in lines)
+    # the planner's catalog holds GPU types only: with one that knows the CPUs, rank slots get --cpus-per-task
+    from clustertrain.launch.sbatch import share_fields
+    from clustertrain.plan.packing import JobShare
+
+    fields = share_fields(0, None, JobShare(2, 15564, 4))
+    assert (fields["cpus_per_task"], fields["cpus_per_gpu"], fields["gpus_per_node"], fields["mem_mb"]) == (4, None, 0, 15564)

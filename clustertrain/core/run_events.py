@@ -17,7 +17,8 @@ Kinds (:class:`EventKind`): ``nonfinite`` (error: the run stopped), ``loss_spike
 ``stop_signal``, a ``preempt_save`` that landed within the signal's grace), ``warning`` for a late ``preempt_save``
 and the alarms, ``error`` where the run stopped or a GPU failed; ``gpu_temperature``, ``gpu_throttle``, ``gpu_ecc``,
 ``gpu_xid``, ``sampler_failed`` (the sampler); ``hang``, ``rank_lost``, ``node_suspect`` (the watchdog,
-:mod:`clustertrain.monitor.hang_watchdog`).
+:mod:`clustertrain.monitor.hang_watchdog`); ``tracker_down`` (warning: an experiment tracker failed, once per
+tracker and attempt; :mod:`clustertrain.monitor.trackers`).
 
 ``timing/rank<R>.jsonl`` (each rank its own; :class:`TimingRow`, version 2): one line per logged step, the mean per
 step over the steps since the previous logged one (:class:`clustertrain.train.timing.StepTimer`)::
@@ -89,6 +90,7 @@ class EventKind(StrEnum):
     STOP_SIGNAL = "stop_signal"      # rank 0 got the stop signal (preemption, time limit, scancel --signal)
     PREEMPT_SAVE = "preempt_save"    # the checkpoint saved because of it is committed: value = seconds after the signal
     CHECKPOINT = "checkpoint"        # a checkpoint committed: value = seconds training stalled for it, threshold = save s
+    TRACKER_DOWN = "tracker_down"    # an experiment tracker failed (clustertrain.monitor.trackers): training goes on
 
 
 class Severity(StrEnum):

@@ -209,3 +209,48 @@ class Backup(Callback):
 
         if step == self.max_steps or stopping or is_due(self.entry, step):
             self.backup.submit(path)
+
+
+class Trackers(Callback):
+    """Rank 0's experiment trackers (:class:`clustertrain.monitor.trackers.TrackerSender`, ``monitor.trackers``): each
+    logged row, each committed checkpoint (its path) and the end state; the run's events reach them from
+    ``events.jsonl`` through the sender itself. A tracker's failure is one ``tracker_down`` warning event (through the
+    run's :class:`Watch`), never a stop."""
+
+    def __init__(self, sender):
+        self.sender = sender
+
+    @classmethod
+    def open(cls, project, entry, paths, step: int, layout, watch: "Watch | None") -> "Trackers | None":
+        """The callback for ``entry``'s run in ``paths`` from ``step``; None when no MLflow or W&B is configured."""
+        from clustertrain.core.run_events import Event, EventKind, Severity
+        from clustertrain.monitor.trackers import TrackerSender
+
+        def warn(message: str) -> None:
+            event = Event(kind=EventKind.TRACKER_DOWN, severity=Severity.WARNING, message=message)
+            if watch is not None:
+                watch.watch.event(event)
+            else:
+                import sys
+
+                print(f"[clustertrain] warning: {message}", file=sys.stderr, flush=True)
+
+        params = {"model": entry.model_dump(mode="json"), "cluster": project.cluster.model_dump(mode="json"),
+                  "layout": layout.to_dict()}
+        sender = TrackerSender.open(project.monitor.trackers, project.name, entry.name, paths.root, step, params, warn)
+        return cls(sender) if sender is not None else None
+
+    def logged(self, row, timings):
+        self.sender.row(row)
+
+    def committed(self, step, path, save_s, stopping, stop_received):
+        self.sender.checkpoint(step, str(path))
+
+    def finished(self, state, step):
+        self.sender.finish(str(state))
+
+    def failed(self, step, message):
+        self.sender.finish("FAILED")
+
+    def close(self):
+        self.sender.finish("FAILED")  # nothing when finished or failed said it first

@@ -172,13 +172,17 @@ class Trainer:
                                device)
         self.watch = (callbacks.Watch(RunWatch(paths, monitor, self.nodes, env.world_size, env.world_size, self.step),
                                       monitor.enabled) if env.rank == 0 else None)
-        metrics = (MetricsWriter(paths.metrics, storage_layout(project).tensorboard_dir(entry.name) or paths.tensorboard,
-                                 self.step) if env.rank == 0 else None)
+        tensorboard = ((storage_layout(project).tensorboard_dir(entry.name) or paths.tensorboard)
+                       if monitor.trackers.tensorboard else None)
+        metrics = MetricsWriter(paths.metrics, tensorboard, self.step) if env.rank == 0 else None
+        trackers = (callbacks.Trackers.open(project, entry, paths, self.step, self.layout, self.watch)
+                    if env.rank == 0 else None)
         self.callbacks = callbacks.Callbacks(
             callbacks.Heartbeat(beacon) if beacon is not None else None,
             callbacks.Timing(self.timer),
             self.watch,  # before Metrics: it adds the slowest rank and the spread to the row
             callbacks.Metrics(metrics) if metrics is not None else None,
+            trackers,  # after Metrics: the row as metrics.jsonl has it
             callbacks.Backup(backup, entry, cfg.max_steps) if backup is not None else None,
             FaultInjection(injections, paths.root, env.rank, self.control, lambda name: self.callbacks.phase(name))
             if injections.at_step_start() else None,

@@ -25,8 +25,12 @@ image              the training image's pins load and work together by the compa
 launch             interpreter or image available on every node, time limit vs checkpoint
                    interval vs the stop signal (:mod:`clustertrain.launch.preflight`), the job chain
                    (``launch.max_segments`` x time limit) vs ``max_steps`` (:mod:`clustertrain.launch.segments`)
+trackers           ``monitor.trackers``: the clients installed where rank 0 runs (or in the image's pins),
+                   the MLflow server answers, file stores and W&B's directory on a shared mount, a W&B key
+                   (:mod:`clustertrain.monitor.tracker_preflight`)
 secrets            nothing generated (batch scripts, cluster config, infrastructure template,
-                   node scripts, the image's Dockerfile and versions.json) holds a credential or private key
+                   node scripts, the image's Dockerfile and versions.json) holds a credential or private key;
+                   no credential in ``monitor.trackers`` (``user:password@`` in ``tracking_uri``, secret tags)
 =================  ==========================================================================
 
 No section calls AWS or writes a file. A section that cannot run (say aws-parallelcluster is not
@@ -95,6 +99,9 @@ def secret_findings(project: "Project") -> list[Finding]:
             out.append(Finding("error", f"launch.env.{name}", "looks like a credential; it would be written in clear into "
                                "every batch script and job record", "remove it: nodes get AWS access from the instance "
                                "role, other secrets from a file readable only by the job's user"))
+    from clustertrain.monitor.tracker_preflight import tracker_secret_findings
+
+    out += tracker_secret_findings(project.monitor.trackers)
     for where, text in _generated(project):
         if SECRET_RE.search(text):
             out.append(Finding("error", where, "the generated file holds what looks like an AWS access key or a private key",
@@ -150,12 +157,14 @@ def _sections() -> list[tuple[str, Callable[["Project"], list[Finding]]]]:
     from clustertrain.image.preflight import image_findings
     from clustertrain.launch.preflight import launch_findings
     from clustertrain.megatron.rules import framework_findings
+    from clustertrain.monitor.tracker_preflight import tracker_findings
     from clustertrain.plan.preflight import plan_findings
     from clustertrain.train.init_from_check import init_from_findings
 
     return [("layout", layout_findings), ("cluster", cloud_findings), ("plan", plan_findings),
             ("framework", framework_findings), ("data", data_findings), ("init_from", init_from_findings),
-            ("image", image_findings), ("launch", launch_findings), ("secrets", secret_findings)]
+            ("image", image_findings), ("launch", launch_findings),
+            ("trackers", lambda p: tracker_findings(p, secrets=False)), ("secrets", secret_findings)]
 
 
 def run_check(project: "Project", only: list[str] | None = None) -> CheckReport:

@@ -163,7 +163,7 @@ def validate_pins(v: VersionsFile, source: str) -> None:
     if not _PATH_RE.match(v.interpreter) or interp.parent.name != "bin" or ".." in interp.parts:
         raise ImageError(f"{source}: interpreter {v.interpreter!r} must be an absolute path <venv>/bin/<python> "
                          "(e.g. /opt/clustertrain/venv/bin/python)")
-    for section, names in (("base.provides", v.base.provides), ("pins", v.pins), ("python", v.python)):
+    for section, names in (("base.provides", v.base.provides), ("pins", v.pins), ("python", v.python), ("tracking", v.tracking)):
         for name in names:
             if not _NAME_RE.match(name):
                 raise ImageError(f"{source}: {section}: name {name!r} must be letters, digits, '.', '_' or '-'")
@@ -240,8 +240,10 @@ def dockerfile_text(versions: VersionsFile, *, megatron: bool, wheel_name: str, 
 
 
 def requirements_text(versions: VersionsFile) -> str:
-    """The ``python:`` pins, ``name==version`` per line."""
-    return "".join(f"{name}=={pin.version}\n" for name, pin in versions.python.items())
+    """The ``python:`` and ``tracking:`` pins (the trackers' clients: always installed, so that turning
+    ``monitor.trackers`` on needs no new image), ``name==version`` per line."""
+    pins = {**versions.python, **versions.tracking}
+    return "".join(f"{name}=={pin.version}\n" for name, pin in pins.items())
 
 
 def dockerignore_text(wheel_name: str) -> str:

@@ -101,6 +101,9 @@ class VersionsFile(StrictModel):
     pins: dict[str, Pin] = Field(description="What the recipe adds: efa_installer, libfabric, aws_ofi_nccl, gdrcopy, nccl_tests, "
                                              "megatron_lm, and optionally nccl (replaces the base's).")
     python: dict[str, Pin] = Field(default_factory=dict, description="Python packages clustertrain needs beyond the base.")
+    tracking: dict[str, Pin] = Field(default_factory=dict, description="The experiment trackers' clients (the "
+                                     "`clustertrain[tracking]` extra: mlflow-skinny, wandb), installed beside `python:` so "
+                                     "that `monitor.trackers` works in the image.")
     interpreter: str = Field("/opt/clustertrain/venv/bin/python", description="The image's clustertrain interpreter (the jobs' python).")
     footprint: FootprintSizes | None = Field(None, description="Disk sizes of a build of these pins (GB). None: the sizes "
                                              "in the versions.yaml shipped with clustertrain.")
@@ -283,6 +286,6 @@ def resolved(v: VersionsFile, megatron: bool) -> dict[str, dict[str, str | None]
             continue
         out[name] = {"version": pin.version, "source": pin.source, "date": pin.date,
                      "from": pin.provided_by or "recipe"}
-    for name, pin in v.python.items():
+    for name, pin in {**v.python, **v.tracking}.items():
         out[f"python:{name}"] = {"version": pin.version, "source": pin.source, "date": pin.date, "from": "recipe (pip)"}
     return out

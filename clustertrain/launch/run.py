@@ -44,6 +44,7 @@ def run_project(project: Project, model: str | None, run_dir: Path | None, resum
         )
     entries = [project.model(model)] if model else list(project.models)
     check_megatron_here(project, [e.name for e in entries])
+    check_trackers_here(project)
     several = len(entries) > 1
     outcomes = []
     for entry in entries:
@@ -124,6 +125,15 @@ def local_gpus() -> int:
     except (OSError, subprocess.SubprocessError):
         return 0
     return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def check_trackers_here(project: Project) -> None:
+    """``monitor.trackers`` that cannot work (:mod:`clustertrain.monitor.tracker_preflight`): refused before any rank."""
+    from clustertrain.monitor.tracker_preflight import tracker_findings
+
+    errors = [f for f in tracker_findings(project) if f.level == "error"]
+    if errors:
+        raise LaunchError(str(errors[0]).removeprefix("error: "))
 
 
 def check_megatron_here(project: Project, models: list[str]) -> None:

@@ -48,6 +48,7 @@ from clustertrain import __version__
 from clustertrain.core.errors import LaunchError
 from clustertrain.launch.config import ENV_NAME_RE, LaunchConfig, launch_config_of
 from clustertrain.launch.presets import RankEnvironment, node_env_lines, rank_environment
+from clustertrain.monitor.tracker_preflight import tracker_env_names
 from clustertrain.plan.packing import JobShare, job_share
 from clustertrain.core.storage_layout import storage_layout
 from clustertrain.project import ModelEntry, Project
@@ -227,7 +228,7 @@ def build_request(project: Project, entry: ModelEntry, run_dir: Path, *, launch:
         signal=launch.signal, signal_grace_s=launch.signal_grace_s, max_restarts=launch.max_restarts,
         max_segments=launch.max_segments,
         container_image=image, container_mounts=mounts,
-        container_env=container_env_names(env) if image else (),
+        container_env=(*container_env_names(env), *tracker_env_names(project.monitor.trackers)) if image else (),
         sbatch_args=tuple(launch.sbatch_args), srun_args=tuple(launch.srun_args),
         submit_command=submit_command or f"clustertrain submit PROJECT --model {entry.name}",
         exclude=tuple(exclude), suspects=storage_layout(project).suspects_file().absolute(),
@@ -264,7 +265,8 @@ def megatron_request(project: Project, entry: ModelEntry, request: SbatchRequest
     from dataclasses import replace
 
     from clustertrain.data.staging import expected_prefix
-    from clustertrain.megatron.args import MegatronContext, megatron_args, rank_command, rank_environment
+    from clustertrain.megatron.args import (MegatronContext, megatron_args, rank_command, rank_environment,
+                                            tracker_environment)
     from clustertrain.train.checkpoint_backup import checkpoint_backup_url
 
     if data is None:
@@ -273,7 +275,8 @@ def megatron_request(project: Project, entry: ModelEntry, request: SbatchRequest
     world = request.nodes * request.ntasks_per_node
     ctx = MegatronContext(project, entry, world, request.run_dir, tuple(data),
                           storage_layout(project).tensorboard_dir(entry.name) or RunPaths(request.run_dir).tensorboard)
-    env = replace(request.env, set={**request.env.set, **rank_environment(entry)})
+    env = replace(request.env, set={**request.env.set, **rank_environment(entry),
+                                    **tracker_environment(project, entry, request.run_dir)})
     extra = [name for name in env.set if name not in request.container_env]
     backup: tuple[str, ...] = ()
     checkpoints = ctx.checkpoints

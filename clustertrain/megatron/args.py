@@ -143,6 +143,38 @@ def _gqa(c: MegatronContext) -> bool:
     return c.entry.model.kv_head_count < c.entry.model.heads
 
 
+def _tensorboard_dir(c: MegatronContext) -> str | None:
+    return str(c.tensorboard_dir) if c.tensorboard_dir and c.project.monitor.trackers.tensorboard else None
+
+
+def _wandb(c: MegatronContext, what: str) -> str | None:
+    """Megatron's own W&B options (core_v0.16.1 ``megatron/training/global_vars.py`` ``_set_wandb_writer``: its last
+    rank calls ``wandb.init(dir=, name=, project=, entity=)`` when ``--wandb-project`` is set; there is no MLflow
+    option in that tag)."""
+    w = c.project.monitor.trackers.wandb
+    if w is None:
+        return None
+    return {"project": w.project or c.project.name, "name": c.entry.name, "entity": w.entity,
+            "dir": str(w.dir or c.run_dir)}[what]
+
+
+def tracker_environment(project: "Project", entry: "ModelEntry", run_dir: Path) -> dict[str, str]:
+    """What Megatron's ``wandb.init`` does not take as an option, set through W&B's own variables (wandb 0.31
+    ``wandb/env.py``): ``WANDB_MODE`` (offline), ``WANDB_RUN_GROUP`` (the group, default the project name), and
+    ``WANDB_RUN_ID`` + ``WANDB_RESUME=allow`` so a requeued or resumed job continues the same W&B run: the id is
+    derived from the run directory (same directory, same run)."""
+    w = project.monitor.trackers.wandb
+    if w is None:
+        return {}
+    import hashlib
+
+    run_id = hashlib.sha256(str(Path(run_dir).absolute()).encode()).hexdigest()[:12]
+    env = {"WANDB_RUN_GROUP": w.group or project.name, "WANDB_RUN_ID": run_id, "WANDB_RESUME": "allow"}
+    if w.mode == "offline":
+        env["WANDB_MODE"] = "offline"
+    return env
+
+
 FLAGS: tuple[Flag, ...] = (
     # --- architecture
     Flag("--num-layers", "model.layers", lambda c: c.entry.model.layers),
@@ -241,7 +273,12 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--eval-iters", "megatron.eval_iters",
          lambda c: c.entry.megatron_options.eval_iters if _valid_share(c.entry.data.split) > 0 else 0,
          "0 when data.split has no validation part"),
-    Flag("--tensorboard-dir", "storage.tensorboard", lambda c: str(c.tensorboard_dir) if c.tensorboard_dir else None),
+    Flag("--tensorboard-dir", "storage.tensorboard", _tensorboard_dir, "unless monitor.trackers.tensorboard: false"),
+    Flag("--wandb-project", "monitor.trackers.wandb.project", lambda c: _wandb(c, "project"),
+         "default: the project name; W&B from Megatron's last rank"),
+    Flag("--wandb-exp-name", "(model name)", lambda c: _wandb(c, "name"), "with monitor.trackers.wandb"),
+    Flag("--wandb-save-dir", "monitor.trackers.wandb.dir", lambda c: _wandb(c, "dir"), "default: RUN_DIR"),
+    Flag("--wandb-entity", "monitor.trackers.wandb.entity", lambda c: _wandb(c, "entity")),
     Flag("--exit-signal-handler", "launch.signal", lambda c: True, "the stop signal saves and exits"),
     Flag("--exit-signal", "launch.signal", _exit_signal, "SIG + launch.signal"),
     Flag("--exit-duration-in-mins", "cluster.time_limit", _exit_minutes, "(time limit - launch.signal_grace_s) / 60"),

@@ -89,6 +89,14 @@ class ModelData:
     gpus_per_node: int | None = None         # the project's cluster.gpus_per_node (0: CPU workers; None: unknown)
 
     @property
+    def trackers(self) -> list[dict[str, Any]]:
+        """The model's tracker runs (``RUN_DIR/trackers.json``): tracker, run_id, note, and ``href`` for an http(s) URL
+        (nothing else becomes a link)."""
+        runs = self.summary.trackers if self.summary else []
+        return [{**t, "href": t["url"] if str(t.get("url") or "").startswith(("http://", "https://")) else None}
+                for t in runs]
+
+    @property
     def cpu(self) -> bool:
         """Trains on CPU workers: its hours are CPU-hours (ranks x hours) and its memory is per rank."""
         return self.gpus_per_node == 0

@@ -57,6 +57,7 @@ from clustertrain.core.run_paths import RunPaths
 from clustertrain.core.run_records import RunStatus, read_run_info, read_status
 from clustertrain.core.schema import read_yaml
 from clustertrain.core.states import State
+from clustertrain.monitor.trackers import read_ids, read_tracker_links
 
 if TYPE_CHECKING:
     from clustertrain.launch.backend import JobStatus
@@ -105,6 +106,7 @@ class ModelStatus:
     incident: dict[str, Any] | None = None  # the newest incident of the current attempt: kind, message, time, dir
     preempt_save: str | None = None         # the last preemption save in one line (clustertrain.monitor.resilience)
     suspects: list[dict[str, Any]] = field(default_factory=list)  # the project's active suspect nodes
+    trackers: list[dict[str, Any]] = field(default_factory=list)  # the model's tracker runs: tracker, run_id, url, note
 
     @property
     def failed(self) -> bool:
@@ -163,6 +165,7 @@ def model_status(name: str, run_dir: Path, job: "JobStatus | None" = None, *, ma
         st.restarts = max(0, len(usage.attempts) - 1)
     st.incident = newest_incident(paths, incident_since(usage.attempts))
     st.preempt_save = preempt_line(events, usage.attempts, live)
+    st.trackers = [asdict(link) for link in read_tracker_links(paths.root)]
     return st
 
 
@@ -234,9 +237,40 @@ def _ingest_megatron(paths: RunPaths, project: "Project", name: str, st: ModelSt
     from clustertrain.megatron.logs import ingest_megatron_log, log_sources
 
     try:
-        ingest_megatron_log(paths, entry, project, log_sources(paths))
+        added = ingest_megatron_log(paths, entry, project, log_sources(paths))
     except (ClusterTrainError, OSError) as e:
         st.missing.append(f"Megatron's log not read: {e}")
+        return
+    if added:
+        _send_megatron_rows(paths, project, name, st)
+
+
+#: seconds a status call gives the trackers to take a Megatron model's new rows
+MEGATRON_SEND_S = 10.0
+
+
+def _send_megatron_rows(paths: RunPaths, project: "Project", name: str, st: ModelStatus) -> None:
+    """The rows just ingested, sent to MLflow, which Megatron-LM core_v0.16.1 has no option for (W&B: Megatron's
+    own ``--wandb-*`` options, :mod:`clustertrain.megatron.args`): a :class:`TrackerSender` opened at the last
+    ingested step sends every row of ``metrics.jsonl`` the MLflow run has not taken (``trackers.json``'s
+    ``sent_step``), then finishes within :data:`MEGATRON_SEND_S`. A failure is one line in ``missing``."""
+    trackers = project.monitor.trackers
+    if trackers.mlflow is None:
+        return
+    last = None
+    for row in read_jsonl_counted(paths.metrics)[0]:
+        if isinstance(row.get("step"), int):
+            last = row["step"] if last is None else max(last, row["step"])
+    if last is None or last <= int(read_ids(paths.root).get("sent_step") or 0):
+        return
+    from clustertrain.monitor.trackers import TrackerSender
+
+    warnings: list[str] = []
+    only_mlflow = trackers.model_copy(update={"wandb": None})
+    sender = TrackerSender.open(only_mlflow, project.name, name, paths.root, last, {}, warnings.append)
+    if sender is not None:
+        sender.finish("RUNNING", timeout_s=MEGATRON_SEND_S)
+    st.missing += [f"tracker: {w}" for w in warnings[:1]]
 
 
 def _recorded_restarts(paths: RunPaths, job_id: str) -> int:

@@ -115,9 +115,17 @@ def status_view(rows: list[ModelStatus], width: int | None = None, now: float | 
         if r.preempt_save:
             notes.append(Text(f"{r.model}: last preemption save {r.preempt_save}",
                               style="red" if r.preempt_save == DID_NOT_LAND else "dim"))
+        notes += [Text(f"{r.model}: {tracker_line(t)}", style="dim") for t in r.trackers]
     head = [Text(refreshed_line(refreshed), style="dim")] if refreshed is not None else []
     return Group(*head, status_table(rows, width, cpu), *notes,
                  *project_lines(rows, time.time() if now is None else now))
+
+
+def tracker_line(t: dict) -> str:
+    """One tracker run of a model: "mlflow run 9f1c...: http://..." or, without a URL, how to reach it
+    (``RUN_DIR/trackers.json``, :func:`clustertrain.monitor.trackers.read_tracker_links`)."""
+    where = t.get("url") or t.get("note") or "no link recorded"
+    return f"{t['tracker']} run {t['run_id']}: {where}"
 
 
 def refreshed_line(t: float) -> str:

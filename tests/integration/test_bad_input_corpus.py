@@ -393,6 +393,12 @@ CASES = [
                                                                  "host": "other-host", "started": "2026-11-27T09:00:00"},
                                            "spec": {"nodes": 2}, "pids": {"slurmctld": 1}})})
       for action in ("up", "down")],
+    # -- experiment trackers (monitor.trackers; clustertrain/monitor/tracker_preflight.py) -------------------------
+    set_case("tracker-unknown", "monitor.trackers.neptune.project=x", ("monitor.trackers.neptune",)),
+    set_case("tracker-mlflow-credentials-in-uri", "monitor.trackers.mlflow.tracking_uri=http://u:pw@127.0.0.1:9/",
+             ("monitor.trackers.mlflow.tracking_uri", "user:password@", "MLFLOW_TRACKING_USERNAME")),
+    set_case("tracker-mlflow-server-down", "monitor.trackers.mlflow.tracking_uri=http://127.0.0.1:9",
+             ("monitor.trackers.mlflow.tracking_uri", "GET http://127.0.0.1:9/health", "mlflow server")),
 ]
 E2E = ("yaml-syntax", "set-bad-type", "data-broken-line", "manifest-truncated", "cluster-list")
 

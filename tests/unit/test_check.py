@@ -53,7 +53,7 @@ def errors(report):
 def test_differently_shaped_projects_pass(shape):
     project = load_project(P5E, [*FITS, *SHAPES[shape]])
     report = run_check(project)
-    assert report.sections == ["layout", "cluster", "plan", "framework", "data", "init_from", "image", "launch", "secrets"]
+    assert report.sections == ["layout", "cluster", "plan", "framework", "data", "init_from", "image", "launch", "trackers", "secrets"]
     assert errors(report) == []
     # warnings say what could not be verified here, never nothing at all for a cluster project
     assert any(s == "data" for s, _ in report.warnings)
@@ -122,7 +122,7 @@ def test_cli_one_line_per_finding_and_exit_codes(capsys, tmp_path):
     assert done.value.code == 2
     rows = [ln for ln in out.splitlines() if ln.startswith(("error", "warning"))]
     assert sum(ln.startswith("error") for ln in rows) == 7 and all("fix:" in ln for ln in rows)
-    assert out.rstrip().endswith("(checked: layout, cluster, plan, framework, data, init_from, image, launch, secrets)")
+    assert out.rstrip().endswith("(checked: layout, cluster, plan, framework, data, init_from, image, launch, trackers, secrets)")
     with pytest.raises(SystemExit) as done:
         main(["check", str(P5E), "--json", *(a for s in FITS for a in ("--set", s))])
     assert done.value.code == 0

@@ -234,7 +234,7 @@ def test_render_writes_exactly_the_context(rendered):
     assert all(p.stat().st_mode & 0o444 == 0o444 for p in out.iterdir())
     assert (out / ".dockerignore").read_text() == f"*\n!requirements.txt\n!versions.json\n!{WHEEL}\n"
     v = load_versions()
-    assert (out / "requirements.txt").read_text().splitlines() == [f"{n}=={p.version}" for n, p in v.python.items()]
+    assert (out / "requirements.txt").read_text().splitlines() == [f"{n}=={p.version}" for n, p in {**v.python, **v.tracking}.items()]
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".ctx.")]  # no temp or old directory left
 
 
@@ -246,7 +246,7 @@ def test_versions_json_lists_every_component_with_source_and_date(rendered):
     from clustertrain.image.paths import image_ref
     assert doc["image"] == image_ref(p).reference and doc["base"] == f"{v.base.image}:{v.base.tag}"
     assert doc["megatron"] is True and doc["interpreter"] == v.interpreter and doc["format"] == 1
-    names = set(v.base.provides) | set(v.pins) | {f"python:{n}" for n in v.python}
+    names = set(v.base.provides) | set(v.pins) | {f"python:{n}" for n in (*v.python, *v.tracking)}
     assert set(doc["components"]) == names
     for name, row in doc["components"].items():
         assert row["source"] and re.match(r"^\d{4}-\d{2}-\d{2}$", row["date"]), name

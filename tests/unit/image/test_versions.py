@@ -101,6 +101,16 @@ def test_the_table_agrees_with_pyproject():
         assert reqs[name].specifier.contains(version), (name, version, reqs[name])
 
 
+def test_the_tracking_pins_are_the_tracking_extra():
+    """The image installs the trackers' clients at the versions of pyproject's `clustertrain[tracking]` extra."""
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["tracking"]
+    reqs = {Requirement(r).name.lower(): Requirement(r) for r in extra}
+    tracking = {name.lower(): pin.version for name, pin in load_versions().tracking.items()}
+    assert set(tracking) == set(reqs) == {"mlflow-skinny", "wandb"}
+    for name, version in tracking.items():
+        assert reqs[name].specifier.contains(version), (name, version, reqs[name])
+
+
 def test_a_broken_pins_file_is_one_line_naming_file_and_key(tmp_path):
     raw = yaml.safe_load(DEFAULT_VERSIONS.read_text())
     del raw["pins"]["gdrcopy"]["source"]

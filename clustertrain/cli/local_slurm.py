@@ -41,10 +41,14 @@ def _cluster(name: str | None, state_dir: Path | None, **settings: Any) -> "Loca
 def up(nodes: int = typer.Option(2, "--nodes", help="Number of emulated nodes"),
        cpus_per_node: int = typer.Option(None, "--cpus-per-node", help="CPUs each node declares [default: this machine's]"),
        gpus_per_node: int = typer.Option(0, "--gpus-per-node", help="Fake GPUs (gres) per node"),
+       memory_mb: int = typer.Option(None, "--memory-mb", help="RealMemory (MB) each node declares [default: this machine's]"),
+       memory_scheduling: bool = typer.Option(False, "--memory-scheduling",
+                                              help="Memory-based scheduling (CR_CPU_Memory), as EnableMemoryBasedScheduling"),
        name: str = _NAME, state_dir: Path = _STATE) -> None:
     """Start the cluster (or reuse it when it runs with these options) and wait until all nodes are idle; a cluster
     running with other options, or partly, is not restarted (run `down` first)."""
-    status = _cluster(name, state_dir, nodes=nodes, cpus_per_node=cpus_per_node, gpus_per_node=gpus_per_node).up()
+    status = _cluster(name, state_dir, nodes=nodes, cpus_per_node=cpus_per_node, gpus_per_node=gpus_per_node,
+                      memory_mb=memory_mb, memory_scheduling=memory_scheduling).up()
     typer.echo(status.describe())
     typer.echo(f"use it with: eval \"$(clustertrain local-slurm env --state-dir {shlex.quote(str(status.state_dir))})\"")
 

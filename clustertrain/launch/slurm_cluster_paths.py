@@ -16,6 +16,7 @@ State-directory layout::
                           "slurmd-node1": int, ...}}; readers ignore fields they do not know
       slurm.conf          rendered from launch/templates/slurm.conf.j2 (clients need SLURM_CONF=this)
       gres.conf           only when a node group has GPUs (Slurm reads it next to slurm.conf)
+      cgroup.conf         only with constrain_devices (task/cgroup, ConstrainDevices=yes; next to slurm.conf)
       jobcomp.txt         jobcomp/filetxt: one line per finished job, read by slurm_query after the job
                           left the controller (MinJobAge); absent with ``jobcomp="none"`` (ParallelCluster's
                           setting), where only the run directory's own records outlive the controller
@@ -85,6 +86,10 @@ class LocalSlurmPaths:
     @property
     def gres_conf(self) -> Path:
         return self.root / "gres.conf"
+
+    @property
+    def cgroup_conf(self) -> Path:
+        return self.root / "cgroup.conf"
 
     @property
     def record(self) -> Path:

@@ -1,11 +1,11 @@
-"""The rehearsal's verdict: ten checks over what it observed (:class:`~.observed.Observed`), as pure functions.
+"""The rehearsal's verdict: eleven checks over what it observed (:class:`~.observed.Observed`), as pure functions.
 
 :func:`run_checks` returns them in the order of :data:`TITLES` (what each asserts). Each detail line is one
 problem and names the model, node, rank, path or script; identical problems are grouped (nodes as a Slurm hostlist,
 ranks as ranges) and each check keeps at most :data:`MAX_DETAILS` lines.
 
-Checks 3-9 look only at the jobs that ran (a pending or unsubmitted job is the ``concurrent`` check's failure).
-When the jobs were not run (``Observed.skipped``), checks 2-9 are ``ok=None`` with that reason as their detail.
+Checks 3-10 look only at the jobs that ran (a pending or unsubmitted job is the ``concurrent`` check's failure).
+When the jobs were not run (``Observed.skipped``), checks 2-10 are ``ok=None`` with that reason as their detail.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ TITLES = {
     "rendezvous": "every rank met rank 0 at its job's MASTER_ADDR:MASTER_PORT; no two running jobs share one",
     "one_gpu": "each rank sees exactly one GPU (CUDA_VISIBLE_DEVICES lists one per rank of its node)",
     "gpus_unshared": "no GPU is given to two ranks, across all jobs",
+    "shares": "jobs on a share of a node each ran on one node with the GPUs, memory and CPUs they ask for, and the "
+              "jobs on each node fit it (memory-based scheduling honoured --mem)",
     "dirs": "each model writes its own directories, all on shared file systems",
     "paths": "what a node writes is visible on every node of its job; every read path exists everywhere; the ranks' "
              "cache directories are writable (in the container's view, where the job has an image)",
@@ -36,7 +38,7 @@ ENDED = ("COMPLETED", "COMPLETING", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL
 
 
 def run_checks(obs: Observed) -> list[Check]:
-    """The ten checks of :data:`TITLES`, in that order."""
+    """The eleven checks of :data:`TITLES`, in that order."""
     ran = [j for j in obs.jobs if _ran(j)]
     why = obs.skipped or (None if ran else "no job ran (see concurrent)" if obs.jobs else "no jobs to rehearse")
 
@@ -46,6 +48,7 @@ def run_checks(obs: Observed) -> list[Check]:
     return [check_booted(obs), gated("concurrent", check_concurrent, obs, obs.skipped),
             gated("world", check_world, ran, why), gated("rendezvous", check_rendezvous, ran, why),
             gated("one_gpu", check_one_gpu, ran, why), gated("gpus_unshared", check_gpus_unshared, ran, why),
+            gated("shares", lambda o: check_shares(o, ran), obs, why),
             gated("dirs", check_dirs, obs.jobs, obs.skipped), gated("paths", check_paths, ran, why),
             gated("preset", check_preset, ran, why), check_secrets(obs)]
 
@@ -246,11 +249,18 @@ def _devices(rec: dict) -> list[str] | None:
 
 
 def gpu_of(rec: dict) -> tuple[str, str] | None:
-    """The (node, device) a rank uses: its node and ``CUDA_VISIBLE_DEVICES``'s entry at its local rank."""
+    """The (node, device) a rank uses: its node and the node's index of ``CUDA_VISIBLE_DEVICES``'s entry at its local
+    rank. Where Slurm confines devices (cgroup ``ConstrainDevices``, as on ParallelCluster) ``CUDA_VISIBLE_DEVICES``
+    counts from 0 in every job, so two jobs on one node both see "0": the node's index is then the same position
+    of ``SLURM_STEP_GPUS`` (else ``SLURM_JOB_GPUS``), which Slurm gives as the node's indices (Slurm's srun/sbatch
+    man pages, OUTPUT ENVIRONMENT VARIABLES)."""
     devices, local = _devices(rec), rec.get("local_rank")
     if devices is None or not isinstance(local, int) or not 0 <= local < len(devices):
         return None
-    return _node(rec), devices[local]
+    gpus = rec.get("gpus") or {}
+    node_ids = [d.strip() for d in str(gpus.get("SLURM_STEP_GPUS") or gpus.get("SLURM_JOB_GPUS") or "").split(",")
+                if d.strip()]
+    return _node(rec), node_ids[local] if len(node_ids) == len(devices) else devices[local]
 
 
 def check_one_gpu(jobs: list[JobView]) -> Check:
@@ -302,6 +312,64 @@ def check_gpus_unshared(jobs: list[JobView]) -> Check:
         details.append(f"{whose} share {plural(len(gpus), 'GPU')} on {nodes_phrase(n for n, _ in gpus)}, "
                        f"e.g. {node} GPU {dev}: {example}")
     return _result("gpus_unshared", details)
+
+
+def check_shares(obs: Observed, jobs: list[JobView]) -> Check:
+    """Jobs on a share of one node (``JobView.share``) against what Slurm allocated (``JobView.alloc``): one node,
+    the share's GPUs, ``--mem`` and CPUs, not exclusive; then every node's jobs (shared or whole-node) within what
+    the node declares, no GPU index in two jobs, no exclusive job beside another; and no more nodes for the shared
+    jobs than the plan packs them on (``Observed.planned_shared_nodes``, where known). Slurm places the jobs itself,
+    so the plan's grouping need not be reproduced node for node: this asserts that Slurm could co-locate them."""
+    shared = [j for j in jobs if j.share]
+    if not shared:
+        return _check("shares", True, ["no model runs on a share of a node"])
+    details = []
+    for job in shared:
+        a, want = job.alloc, job.share
+        if not a:
+            details.append(f"{_job(job)}: Slurm's allocation was not seen while it ran")
+            continue
+        nodes = sorted(a.get("nodes") or {})
+        if len(nodes) != 1:
+            details.append(f"{_job(job)} ran on {plural(len(nodes), 'node')}; a share of a node is on one node")
+        if a.get("oversubscribe") == "NO":
+            details.append(f"{_job(job)} holds its node exclusively (OverSubscribe=NO): the script asks for --exclusive")
+        if want.get("mem_mb") is not None and a.get("mem_mb") != want["mem_mb"]:
+            details.append(f"{_job(job)}: Slurm allocated {a.get('mem_mb')} MB, the share asks for {want['mem_mb']} MB "
+                           "(--mem): is memory-based scheduling on (SelectTypeParameters=CR_CPU_Memory)?")
+        if job.gpus_per_node > 0:
+            got = sorted({g for n in (a.get("nodes") or {}).values() for g in n.get("gpus", [])})
+            if len(got) != want.get("gpus"):
+                details.append(f"{_job(job)}: Slurm allocated GPUs {got or 'none'}, the share asks for {want.get('gpus')}")
+        per_gpu = want.get("cpus_per_gpu")
+        if per_gpu is not None and a.get("cpus") is not None and a["cpus"] < per_gpu * want.get("gpus", 1):
+            details.append(f"{_job(job)}: Slurm allocated {a['cpus']} CPUs, the share asks for "
+                           f"{per_gpu} x {want.get('gpus')}")
+    on_node: dict[str, list[tuple[JobView, dict]]] = defaultdict(list)
+    for job in jobs:
+        for node, part in ((job.alloc or {}).get("nodes") or {}).items():
+            on_node[node].append((job, part))
+    for node, parts in sorted(on_node.items()):
+        cap = obs.capacity.get(node) or {}
+        for key, word in (("gpus", "GPUs"), ("cpus", "CPUs"), ("mem_mb", "MB of memory")):
+            used = sum(len(p["gpus"]) if key == "gpus" else p.get(key) or 0 for _, p in parts)
+            if cap.get(key) is not None and used > cap[key]:
+                details.append(f"{node}: its jobs hold {used} {word}, the node has {cap[key]} "
+                               f"({', '.join(_job(j) for j, _ in parts)})")
+        seen: dict[int, str] = {}
+        for job, part in parts:
+            for gpu in part.get("gpus", []):
+                if gpu in seen and seen[gpu] != job.model:
+                    details.append(f"{node}: GPU {gpu} allocated to both {seen[gpu]} and {job.model}")
+                seen.setdefault(gpu, job.model)
+        if len(parts) > 1:
+            alone = [j for j, _ in parts if (j.alloc or {}).get("oversubscribe") == "NO"]
+            details += [f"{node}: {_job(j)} is exclusive but shares the node with another job" for j in alone]
+    used_nodes = {n for j in shared for n in ((j.alloc or {}).get("nodes") or {})}
+    if obs.planned_shared_nodes is not None and len(used_nodes) > obs.planned_shared_nodes:
+        details.append(f"the shared-node models ran on {plural(len(used_nodes), 'node')} ({hostlist(used_nodes)}), "
+                       f"the plan packs them on {obs.planned_shared_nodes}")
+    return _result("shares", details)
 
 
 def _inside(inner: str, outer: str) -> bool:

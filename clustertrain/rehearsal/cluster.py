@@ -34,9 +34,10 @@ class HeadBootFailed(LaunchError):
 
 
 class RehearsalCluster(LocalSlurmCluster):
-    def __init__(self, rehearsal_dir: Path, groups: list[NodeGroup], *, boot_timeout: float = 90.0) -> None:
+    def __init__(self, rehearsal_dir: Path, groups: list[NodeGroup], *, boot_timeout: float = 90.0,
+                 memory_scheduling: bool = False) -> None:
         super().__init__(rehearsal_dir / "slurm", groups=groups, jobcomp="filetxt", min_job_age=300,
-                         timeout=boot_timeout)
+                         timeout=boot_timeout, memory_scheduling=memory_scheduling)
         self.dir = rehearsal_dir
         self.boot_dir = rehearsal_dir / "boot"
         self.spec_path = self.boot_dir / "spec.json"

@@ -23,12 +23,13 @@ from __future__ import annotations
 import json
 import pickle
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from clustertrain.rehearsal.observed import JobView
 from clustertrain.launch.sbatch import SbatchRequest, build_request, render_script, with_container_view
+from clustertrain.plan.packing import job_share
 
 if TYPE_CHECKING:
     from clustertrain.project import ModelEntry, Project
@@ -88,10 +89,11 @@ def rehearsal_job(project: "Project", entry: "ModelEntry", nodes: int, rdir: Pat
             "release": str(rdir / "release"), "hold_s": hold_s, "rendezvous_s": rendezvous_s, "write": write_dirs,
             "read": read, "expect_env": sorted(real.env.set), "secret_name_re": secret_name_re,
             "secret_value_re": secret_value_re}
-    view = JobView(model=entry.name, planned_nodes=nodes, gpus_per_node=project.cluster.gpus_per_node,
-                   ranks_per_node=project.cluster.ranks_per_node, partition=project.cluster.partition,
+    share = job_share(project, entry)  # a share of one node: its own GPUs, --mem, CPUs (the request has them)
+    view = JobView(model=entry.name, planned_nodes=real.nodes, gpus_per_node=real.gpus_per_node,
+                   ranks_per_node=real.ntasks_per_node, partition=project.cluster.partition,
                    expect_env=dict(real.env.set), write_dirs=write_dirs, read_paths=read, dirs=dirs, off_shared=off,
-                   container=container)
+                   container=container, share=asdict(share) if share is not None else {})
     return RehearsalJob(view, request, render_script(request), spec, placeholders, dump_project(project))
 
 

@@ -3,7 +3,10 @@ report (``clustertrain rehearse --json`` prints :meth:`RehearsalReport.as_dict`)
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
+
+from clustertrain.core.ranks import expand_hostlist
 
 
 @dataclass
@@ -31,6 +34,11 @@ class JobView:
     container: dict = field(default_factory=dict)              # the Pyxis flags the script passes (recorded, not applied)
     records: list[dict] = field(default_factory=list)          # the ranks' records (payload.py's format)
     output_tail: str = ""                                      # last lines of the job's Slurm output file
+    #: a job on a share of one node (models[].plan.gpus): what its script asks for (clustertrain.plan.packing.JobShare:
+    #: gpus, mem_mb, cpus_per_gpu); empty for a job on whole nodes
+    share: dict = field(default_factory=dict)
+    #: what Slurm allocated while it ran (:func:`job_allocation` of ``scontrol -d -o show job``); empty if not seen
+    alloc: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -42,11 +50,13 @@ class Observed:
     jobs: list[JobView] = field(default_factory=list)
     texts: list[tuple[str, str]] = field(default_factory=list)  # (what, text) of every script and log, for the secrets scan
     skipped: str | None = None                         # why the jobs were not run (a node did not boot)
+    capacity: dict[str, dict] = field(default_factory=dict)  # node -> {"cpus", "mem_mb", "gpus"} its slurm.conf line declares
+    planned_shared_nodes: int | None = None            # nodes the plan packs the shared-node models on (None: not known)
 
 
 @dataclass
 class Check:
-    name: str                      # booted, concurrent, world, rendezvous, one_gpu, gpus_unshared, dirs, paths, preset, secrets
+    name: str                      # booted, concurrent, world, rendezvous, one_gpu, gpus_unshared, shares, dirs, paths, preset, secrets
     title: str                     # one line: what the check asserts
     ok: bool | None                # None: not run (see details)
     details: list[str] = field(default_factory=list)   # one line per problem (naming the model, node, path, script)
@@ -73,3 +83,27 @@ class RehearsalReport:
     def as_dict(self) -> dict:
         return {"project": self.project, "ok": self.ok, "nodes": self.nodes, "gpus": self.gpus, "wall_s": self.wall_s,
                 "checks": [asdict(c) for c in self.checks], "jobs": self.jobs, "kept": self.kept}
+
+
+def job_allocation(line: str) -> dict:
+    """What Slurm allocated to a job, from one line of ``scontrol -d -o show job ID`` (Slurm 22.05): ``{"mem_mb":
+    the job's TRES mem in MB, "cpus": NumCPUs, "oversubscribe": OverSubscribe (NO for --exclusive), "nodes": {node:
+    {"cpus": n, "mem_mb": m, "gpus": [indices]}}}`` -- the per-node part from its ``Nodes=X CPU_IDs=.. Mem=M
+    GRES=gpu:t:N(IDX:a-b,c)`` entries (``-d``); {} for an empty line."""
+    if not line.strip():
+        return {}
+    def word(name: str) -> str:
+        m = re.search(rf"(?:^|\s){re.escape(name)}=(\S*)", line)
+        return m.group(1) if m else ""
+    mem = re.search(r"(?:^|[\s,=])mem=(\d+(?:\.\d+)?)([KMGT]?)", word("AllocTRES") or word("TRES"))
+    scale = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}
+    out: dict = {"mem_mb": int(float(mem.group(1)) * scale[mem.group(2)]) if mem else None,
+                 "cpus": int(word("NumCPUs")) if word("NumCPUs").isdigit() else None,
+                 "oversubscribe": word("OverSubscribe") or None, "nodes": {}}
+    for m in re.finditer(r"(?:^|\s)Nodes=(\S+) CPU_IDs=(\S+) Mem=(\d+)(?: GRES=(\S*))?", line):
+        cpus = sum(int(b) - int(a) + 1 if b else 1 for a, b in re.findall(r"(\d+)(?:-(\d+))?", m.group(2)))
+        gpus = [k for a, b in re.findall(r"(\d+)(?:-(\d+))?", ",".join(re.findall(r"IDX:([0-9,-]+)", m.group(4) or "")))
+                for k in range(int(a), int(b or a) + 1)]
+        for node in expand_hostlist(m.group(1)):
+            out["nodes"][node] = {"cpus": cpus, "mem_mb": int(m.group(3)), "gpus": gpus}
+    return out

@@ -101,20 +101,32 @@ def preflight(project: "Project", shape: Shape, nodes: dict[str, int], directory
             raise LaunchError(f"{model} needs {n} nodes but the {queue.name} partition has {len(queue.nodes)}: the job "
                               f"could never start; raise aws.queues max_count or lower the model's nodes")
     for i, model in enumerate(nodes, start=1):
-        from clustertrain.core.ranks import port_for_job
+        from clustertrain.core.ranks import port_for_job, shared_node_port
 
-        port = port_for_job(i)
-        with socket.socket() as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as rank 0 (and torch's TCPStore) binds it
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                raise LaunchError(f"port {port} on 127.0.0.1 is taken: {model}'s job (job {i} of the rehearsal's fresh "
-                                  f"cluster) needs it for its rendezvous (MASTER_PORT); stop what listens there") from None
+        # a job on a share of a node: its port follows its first GPU, which Slurm picks (any of the node's)
+        shared = project.shares_node(project.model(model))
+        ports = [shared_node_port(i, g) for g in range(project.cluster.gpus_per_node)] if shared and \
+            project.cluster.gpus_per_node else [port_for_job(i)]
+        for port in ports:
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as rank 0 (and torch's TCPStore) binds it
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    raise LaunchError(f"port {port} on 127.0.0.1 is taken: {model}'s job (job {i} of the rehearsal's "
+                                      f"fresh cluster) needs it for its rendezvous (MASTER_PORT); stop what listens "
+                                      "there") from None
     probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"], capture_output=True, text=True)
     if probe.returncode != 0:
         raise LaunchError("cannot create a mount namespace (unshare: "
                           f"{probe.stderr.strip() or probe.returncode}); the rehearsal needs root (CAP_SYS_ADMIN)")
+
+
+def planned_shared_nodes(project: "Project") -> int | None:
+    """How many nodes the plan packs the shared-node models on, for the ``shares`` check's "no more nodes than
+    planned"; None: that part is not checked (no model shares a node, or no packing to ask: ``pack`` in
+    :mod:`clustertrain.plan.packing` is not there yet)."""
+    return None
 
 
 def plan_nodes(project: "Project") -> dict[str, int]:
@@ -244,6 +256,19 @@ def _watch(cluster: RehearsalCluster, rdir: Path, ids: dict[str, str], opts: Reh
         time.sleep(0.3)
 
 
+def _allocations(cluster: RehearsalCluster, ids: dict[str, str]) -> dict[str, dict]:
+    """Model -> what Slurm allocated to its job (:func:`~clustertrain.rehearsal.observed.job_allocation` of
+    ``scontrol -d -o show job``), read while the jobs are held (the ``shares`` check compares it with the plan)."""
+    from clustertrain.launch.slurmcli import run_slurm
+    from clustertrain.rehearsal.observed import job_allocation
+
+    out = {}
+    for model, job in ids.items():
+        proc = run_slurm(["scontrol", "-d", "-o", "show", "job", job], env=cluster.env(), check=False, timeout=30)
+        out[model] = job_allocation(proc.stdout if proc.returncode == 0 else "")
+    return out
+
+
 def _wait_empty(cluster: RehearsalCluster, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while _squeue(cluster) and time.monotonic() < deadline:
@@ -287,6 +312,7 @@ def _run_jobs(project: "Project", cluster: RehearsalCluster, rdir: Path, shape: 
     answers = json.loads(proc.stdout.strip().splitlines()[-1])
     ids = {m: a["job_id"] for m, a in answers.items() if "job_id" in a}
     snapshot = _watch(cluster, rdir, ids, opts)
+    allocs = _allocations(cluster, {m: j for m, j in ids.items() if snapshot.get(m, {}).get("ran")})
     (rdir / "release").touch()
     stuck = [ids[m] for m, v in snapshot.items() if not v["ran"] and v["state"] == "PENDING"]
     if stuck:
@@ -304,6 +330,7 @@ def _run_jobs(project: "Project", cluster: RehearsalCluster, rdir: Path, shape: 
             snap = snapshot.get(model, {})
             view.snapshot_state = "RUNNING" if snap.get("ran") else snap.get("state")
             view.reason, view.nodes, view.job_partition = snap.get("reason"), list(snap.get("nodes") or []), snap.get("partition")
+            view.alloc = allocs.get(model, {})
             try:
                 final = query_job(view.job_id, cluster.env(), jobcomp_path=cluster.paths.jobcomp)
                 view.final_state, view.exit_code = final.state, final.exit_code
@@ -346,9 +373,12 @@ def rehearse(project: "Project", opts: RehearseOptions | None = None, log: Calla
     rdir = Path(tempfile.mkdtemp(prefix="ctr-")) if created else Path(opts.dir).absolute()
     rdir.mkdir(parents=True, exist_ok=True, mode=0o700)
     rdir.chmod(0o700)
-    cluster = RehearsalCluster(rdir, shape.groups, boot_timeout=opts.mount_timeout_s + 90.0)
+    cluster = RehearsalCluster(rdir, shape.groups, boot_timeout=opts.mount_timeout_s + 90.0,
+                               memory_scheduling=shape.memory_scheduling)
     texts: list[tuple[str, str]] = [(f"node script {url.rsplit('/', 1)[-1]}", t) for url, t in shape.scripts.items()]
-    obs = Observed(nodes=cluster.node_names)
+    obs = Observed(nodes=cluster.node_names, planned_shared_nodes=planned_shared_nodes(project),
+                   capacity={n: {"cpus": g.cpus, "mem_mb": g.memory_mb, "gpus": g.gpus} for g in shape.groups
+                             for n in g.names})
     kept = None
     try:
         _layout(rdir, shape, cluster, opts)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from clustertrain.core.errors import LaunchError
 from clustertrain.launch.slurm_cluster import NodeGroup
+from clustertrain.plan.packing import REAL_MEMORY_FRACTION
 
 if TYPE_CHECKING:
     from clustertrain.project import Project
@@ -32,9 +33,8 @@ if TYPE_CHECKING:
 #: the most nodes one machine emulates (measured: see docs/rehearse.md; each node is a slurmd and a mount namespace)
 MAX_NODES = 200
 HOOKS = ("OnNodeStart", "OnNodeConfigured")
-#: ParallelCluster's node lines: RealMemory = 95% of the instance's memory (cookbook config_renderer.py, without
-#: SlurmSettings.SchedulableMemory)
-REAL_MEMORY_FRACTION = 0.95
+# ParallelCluster's node lines: RealMemory = REAL_MEMORY_FRACTION (95 %) of the instance's memory, defined once, with
+# its source, in clustertrain.plan.packing
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,8 @@ class Shape:
     shared: dict[str, str]                    # SharedStorage Name -> MountDir
     user: str | None                          # the OS's default user (ec2-user on alinux2023)
     scripts: dict[str, str] = field(default_factory=dict)   # script URL -> text
+    #: Scheduling.SlurmSettings.EnableMemoryBasedScheduling: the emulated slurm.conf has CR_CPU_Memory
+    memory_scheduling: bool = False
 
     @property
     def groups(self) -> list[NodeGroup]:
@@ -144,7 +146,9 @@ def cluster_shape(project: "Project", config: dict[str, Any] | None = None, scri
                             _actions(q.get("CustomActions"), scripts)))
     shared = {s["Name"]: s["MountDir"] for s in config.get("SharedStorage") or []}
     user = OS_DEFAULT_USER.get(project.aws.os)
-    return Shape(tuple(queues), _actions(config["HeadNode"].get("CustomActions"), scripts), shared, user, scripts)
+    memory = bool(((config["Scheduling"].get("SlurmSettings") or {}).get("EnableMemoryBasedScheduling")))
+    return Shape(tuple(queues), _actions(config["HeadNode"].get("CustomActions"), scripts), shared, user, scripts,
+                 memory)
 
 
 def with_nodes(project: "Project", nodes: int) -> "Project":

@@ -64,6 +64,19 @@ def test_render_conf_with_fake_gpus(tmp_path):
     assert text.count("Gres=gpu:a100:4") == 2
 
 
+def test_memory_scheduling_makes_memory_a_consumable(tmp_path):
+    """As ParallelCluster's EnableMemoryBasedScheduling (cookbook slurm_parallelcluster.conf): CR_CPU_Memory."""
+    plain = LocalSlurmCluster(tmp_path / "a", nodes=1).render_conf(1, [2]).splitlines()
+    shared = LocalSlurmCluster(tmp_path / "b", nodes=1, memory_scheduling=True)
+    lines = shared.render_conf(1, [2]).splitlines()
+    assert "SelectTypeParameters=CR_Core" in plain and "SelectTypeParameters=CR_CPU_Memory" not in plain
+    assert "SelectTypeParameters=CR_CPU_Memory" in lines and "SelectTypeParameters=CR_Core" not in lines
+    assert all("RealMemory=" in ln for ln in lines if ln.startswith("NodeName="))
+    # the spec a running cluster is compared with: unchanged for a cluster without it (older records match)
+    assert "memory_scheduling" not in LocalSlurmCluster(tmp_path / "a", nodes=1).spec
+    assert shared.spec["memory_scheduling"] is True
+
+
 def test_default_cpus_are_this_machines(tmp_path):
     assert LocalSlurmCluster(tmp_path).spec["cpus_per_node"] == os.cpu_count()
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from clustertrain.rehearsal.checks import MAX_DETAILS, TITLES, hostlist, ranges, run_checks
-from clustertrain.rehearsal.observed import JobView, Observed
+from clustertrain.rehearsal.observed import JobView, Observed, job_allocation
 
-ORDER = ["booted", "concurrent", "world", "rendezvous", "one_gpu", "gpus_unshared", "dirs", "paths", "preset",
-         "secrets"]
+ORDER = ["booted", "concurrent", "world", "rendezvous", "one_gpu", "gpus_unshared", "shares", "dirs", "paths",
+         "preset", "secrets"]
 ENV = {"NCCL_SOCKET_IFNAME": "lo", "FI_PROVIDER": "efa"}
 FAKE_KEY = "AKIA" + "EXAMPLEKEY123456"  # built here so no file holds one
 
@@ -290,9 +290,9 @@ def test_skipped_rehearsal_marks_the_job_checks_not_run():
     obs.texts.append(("sbatch model-a.sh", FAKE_KEY))
     checks = run_checks(obs)
     assert [c.name for c in checks] == ORDER
-    middle = checks[1:9]
+    middle = checks[1:10]
     assert all(c.ok is None and c.details == [obs.skipped] for c in middle)
-    assert checks[0].ok is False and checks[9].ok is False
+    assert checks[0].ok is False and checks[10].ok is False
 
 
 def test_no_job_ran_leaves_the_job_checks_not_run():
@@ -315,3 +315,84 @@ def test_details_are_capped():
     details = by_name(obs)["booted"].details
     assert len(details) == MAX_DETAILS + 1 and details[-1] == f"... and {40 - MAX_DETAILS} more"
     assert details[0] == "gpu-st-x-1: OnNodeStart script s0.sh exited 1"
+
+
+# -- models that share a node --------------------------------------------------------------------------------------
+
+#: one line of `scontrol -d -o show job` for a 1-GPU share, captured on the local Slurm 22.05 (CR_CPU_Memory)
+SHARE_LINE = ("JobId=1 JobName=shared-twin-model-a JobState=RUNNING NodeList=node1 BatchHost=node1 NumNodes=1 NumCPUs=24 "
+              "NumTasks=1 CPUs/Task=24 ReqB:S:C:T=0:0:*:* TRES=cpu=24,mem=93388M,node=1,billing=24 Socks/Node=* "
+              "NtasksPerN:B:S:C=1:0:*:* CoreSpec=* JOB_GRES=gpu:a10g:1   Nodes=node1 CPU_IDs=0-23 Mem=93388 "
+              "GRES=gpu:a10g:1(IDX:0) MinCPUsNode=24 MinMemoryNode=93388M MinTmpDiskNode=0 OverSubscribe=OK")
+
+
+def test_job_allocation_reads_scontrols_detail_line():
+    assert job_allocation(SHARE_LINE) == {"mem_mb": 93388, "cpus": 24, "oversubscribe": "OK",
+                                          "nodes": {"node1": {"cpus": 24, "mem_mb": 93388, "gpus": [0]}}}
+    two = job_allocation("NumCPUs=384 TRES=cpu=384,mem=3G,node=2 OverSubscribe=NO   Nodes=n[1-2] CPU_IDs=0-191 "
+                         "Mem=1536 GRES=gpu:h100:8(IDX:0-7) MinCPUsNode=1")
+    assert two["mem_mb"] == 3072 and two["oversubscribe"] == "NO" and sorted(two["nodes"]) == ["n1", "n2"]
+    assert two["nodes"]["n2"] == {"cpus": 192, "mem_mb": 1536, "gpus": list(range(8))}
+    assert job_allocation("") == {}
+
+
+def shared_node() -> Observed:
+    """Two 2-GPU shares (half the memory and CPUs each) of one 4-GPU node, as Slurm allocated them."""
+    obs = healthy()
+    obs.nodes = ["gpu-st-x-1"]
+    obs.boots = {n: {"state": "booted", "phases": [], "error": None} for n in ["gpu-st-x-1", "head"]}
+    obs.capacity = {"gpu-st-x-1": {"cpus": 48, "mem_mb": 1000, "gpus": 4}}
+    obs.planned_shared_nodes = 1
+    for job, gpus, port in zip(obs.jobs, ([0, 1], [2, 3]), (29501, 29502)):
+        job.nodes, job.planned_nodes = ["gpu-st-x-1"], 1
+        job.records = make_records(job.model, ["gpu-st-x-1"], 2, port, True, tuple(job.write_dirs), tuple(job.read_paths))
+        for r in job.records:  # no cgroup confinement: CUDA_VISIBLE_DEVICES holds the node's indices
+            r["gpus"]["CUDA_VISIBLE_DEVICES"] = r["gpus"]["SLURM_JOB_GPUS"] = ",".join(map(str, gpus))
+        job.share = {"gpus": 2, "mem_mb": 500, "cpus_per_gpu": 12}
+        job.alloc = {"mem_mb": 500, "cpus": 24, "oversubscribe": "OK",
+                     "nodes": {"gpu-st-x-1": {"cpus": 24, "mem_mb": 500, "gpus": gpus}}}
+    return obs
+
+
+def test_shares_pass_when_two_shares_fill_one_node():
+    checks = by_name(shared_node())
+    assert [n for n, c in checks.items() if c.ok is not True] == []
+    assert checks["shares"].details == []
+    assert by_name(healthy())["shares"].details == ["no model runs on a share of a node"]
+
+
+def test_shares_name_memory_not_honoured_an_overfull_node_and_a_shared_gpu():
+    obs = shared_node()
+    a, b = obs.jobs
+    a.alloc["mem_mb"] = 1000                       # CR_Core: --mem not scheduled, the job got the whole node's
+    a.alloc["nodes"]["gpu-st-x-1"]["mem_mb"] = 1000
+    b.alloc["nodes"]["gpu-st-x-1"]["gpus"] = [1, 2]
+    b.alloc["oversubscribe"] = "NO"
+    details = failing(obs, "shares")
+    assert "model-a (job 11): Slurm allocated 1000 MB, the share asks for 500 MB (--mem): is memory-based " \
+           "scheduling on (SelectTypeParameters=CR_CPU_Memory)?" in details
+    assert "gpu-st-x-1: its jobs hold 1500 MB of memory, the node has 1000 (model-a (job 11), model-b (job 12))" in details
+    assert "gpu-st-x-1: GPU 1 allocated to both model-a and model-b" in details
+    assert "model-b (job 12) holds its node exclusively (OverSubscribe=NO): the script asks for --exclusive" in details
+
+
+def test_shares_name_a_share_on_two_nodes_and_more_nodes_than_planned():
+    obs = shared_node()
+    b = obs.jobs[1]
+    b.alloc["nodes"] = {"gpu-st-x-2": {"cpus": 24, "mem_mb": 500, "gpus": [0, 1]},
+                        "gpu-st-x-3": {"cpus": 24, "mem_mb": 500, "gpus": [0, 1]}}
+    details = failing(obs, "shares")
+    assert "model-b (job 12) ran on 2 nodes; a share of a node is on one node" in details
+    assert "the shared-node models ran on 3 nodes (gpu-st-x-[1-3]), the plan packs them on 1" in details
+
+
+def test_gpus_unshared_uses_the_nodes_indices_where_devices_are_confined():
+    """With cgroup ConstrainDevices both jobs see CUDA_VISIBLE_DEVICES=0,1; SLURM_JOB_GPUS tells them apart."""
+    obs = shared_node()
+    for job in obs.jobs:
+        for r in job.records:
+            r["gpus"]["CUDA_VISIBLE_DEVICES"] = "0,1"
+    assert by_name(obs)["gpus_unshared"].ok is True
+    for r in obs.jobs[1].records:
+        r["gpus"]["SLURM_JOB_GPUS"] = "0,1"
+    assert "model-a and model-b share 2 GPUs on gpu-st-x-1" in failing(obs, "gpus_unshared")

@@ -25,12 +25,16 @@ Facts they rely on (mlflow 3.17, wandb 0.31, read in the installed packages):
   (``define_metric("*", step_metric="step")``, ``wandb/sdk/wandb_run.py``). ``wandb.init(id=..., resume="allow")``
   continues a run with that id or starts it (``wandb/sdk/wandb_init.py``); offline, each start writes its own
   ``offline-run-<time>-<id>`` directory, all synced into the one run by ``wandb sync``.
+- A process's runs share one wandb-core service, whose connection the library keeps in its setup singleton;
+  ``wandb.teardown()`` drops it (``wandb/sdk/wandb_setup.py``), so that after the service died the next
+  ``wandb.init`` starts a new one (:meth:`WandbSink.recover`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -211,18 +215,55 @@ class WandbSink:
 
     name = "wandb"
 
-    def __init__(self, config, spec: RunSpec):
+    def __init__(self, config, spec: RunSpec, keep_rows: int = 10_000):
         self.config, self.spec = config, spec
         self.run = None
+        self.run_id: str | None = None
+        #: the rows this start logged (the latest ``keep_rows``): logged is not yet written (see :meth:`recover`)
+        self.kept: deque[Item] = deque(maxlen=keep_rows)
 
     def directory(self) -> Path:
         return Path(self.config.dir) if self.config.dir else self.spec.run_root
+
+    def held_steps(self, previous: dict | None) -> set[int] | None:
+        """Offline: the steps whose rows the run's earlier ``.wandb`` files hold (under this ``dir`` and the one
+        ``previous`` names), read before this start writes its own; online: None (the server's history is not read)."""
+        run_id = (previous or {}).get("run_id")
+        if self.config.mode != "offline" or not run_id:
+            return None
+        from clustertrain.monitor.wandb_files import held_steps, offline_runs
+
+        dirs = {self.directory()} | ({Path(previous["dir"])} if (previous or {}).get("dir") else set())
+        return held_steps([f for d in sorted(dirs) for f in offline_runs(d, run_id)])
+
+    def recover(self) -> list[Item]:
+        """The service process died under this start (a Slurm requeue's SIGTERM reaches wandb-core too; the rank
+        lived on and got ``ConnectionResetError``): let go of the dead service, start the run again (the same id,
+        ``resume="allow"``: a new service, offline a new ``offline-run-*`` directory) and return the kept rows to
+        send again — offline those the dead start's ``.wandb`` file does not hold, online all of them (what reached
+        the server before the service died is not known: a row may then be there twice, at the same step)."""
+        import wandb
+
+        dead = self.run
+        held: set[int] = set()
+        if dead is not None and self.config.mode == "offline":
+            from clustertrain.monitor.wandb_files import held_steps
+
+            held = held_steps([Path(dead.dir).parent / f"run-{self.run_id}.wandb"])
+        try:
+            wandb.teardown()  # forgets the process's service connection (a dead one) so that init starts another
+        except (Exception, SystemExit):
+            pass
+        rows = [i for i in self.kept if i.step not in held]
+        self.kept.clear()
+        self.start({"run_id": self.run_id})
+        return rows
 
     def start(self, previous: dict | None) -> dict:
         import wandb
 
         cfg, spec = self.config, self.spec
-        run_id = (previous or {})["run_id"]
+        run_id = self.run_id = (previous or {})["run_id"]
         directory = self.directory()
         directory.mkdir(parents=True, exist_ok=True)
         settings = wandb.Settings(silent=True, console="off", x_disable_stats=True, save_code=False,
@@ -248,6 +289,7 @@ class WandbSink:
         for item in items:
             if item.kind == "row":
                 run.log({"step": item.step, **item.values})
+                self.kept.append(item)
                 continue
             lines.append(item.line())
             if item.kind == "checkpoint":

@@ -17,10 +17,30 @@ since the previous row). :meth:`~TrackerSender.note` is for what is not in those
 records it as a ``tracker_down`` warning event); its items stay queued (bounded by ``queue_rows`` per tracker) and
 are retried every :data:`RETRY_S` .. :data:`RETRY_MAX_S`. A recovery is one stderr line. Rows a tracker never
 took before the attempt's start step (it was down when the previous attempt ended, or was not configured yet) are
-sent first at the next attempt, from ``metrics.jsonl``. At
+sent first at the next attempt, from ``metrics.jsonl``, with the attempt that trained them (``starts``). At
 :meth:`~TrackerSender.finish` the thread gets ``timeout_s`` to send what is left and end the runs; what was not
-sent is counted (rows, first and last step) in ``trackers.json`` and on stderr (and through ``on_warning`` for a
-tracker that was never reported down, e.g. rows dropped at the bound).
+sent is counted (rows, first and last step) in ``trackers.json`` (``unsent``: this attempt's; ``unsent_by_attempt``:
+each attempt's, kept) and on stderr (and through ``on_warning`` for a tracker that was never reported down, e.g. rows
+dropped at the bound).
+
+**W&B rows count once written, not once logged.** ``run.log`` returns once wandb-core has the row; wandb-core writes
+it to the run's ``.wandb`` file later (every ``x_transaction_log_flush_interval``). A Slurm requeue (``scontrol
+requeue``, ``scancel``, a time limit) sends SIGTERM to every process of the job, wandb-core too (``SIG_IGN`` in the
+rank does not keep it alive): it exits at once, its file keeps its 7-byte header, and every row of the attempt is
+gone although ``sent_step`` counted it. Hence (tests/integration/test_tracker_requeue.py, case ``scontrol``):
+
+- the first ``ConnectionError`` from W&B in an attempt (its service died; the rank lives on, saving) starts the run
+  again once (same id, ``resume="allow"``: a new service, offline a new ``offline-run-*`` directory) and sends the
+  rows the dead service had logged (the latest ``queue_rows``; offline only those its file does not hold) before the
+  backlog; no warning when that works;
+- ``mode: offline``: at each attempt's start the earlier attempts' ``.wandb`` files are read
+  (:mod:`clustertrain.monitor.wandb_files`), and every row of ``metrics.jsonl`` up to the start step whose step no
+  file holds is sent again (``resent`` in ``trackers.json``);
+- ``mode: online``: there is no file to check. Rows wait in wandb-core's memory until its file stream sends them
+  (``x_file_stream_transmit_interval``; not set here: wandb-core's default); a service killed before then, with no
+  rank left to start it again, loses them, and the next attempt cannot tell (it does not read the server's history).
+  The restart above sends every kept row again: a row the server already had is then there twice, at the same
+  step.
 
 **One tracker run per training run.** ``RUN_DIR/trackers.json`` keeps the runs' ids; a later attempt (a resume, a
 requeue, a resubmission, another layout) reopens them: the same MLflow run set RUNNING again, the same W&B id with
@@ -36,14 +56,18 @@ resume from step 30". Per step, the latest attempt's point (latest timestamp) is
      "trackers": {
        "mlflow": {"run_id": "9f1c...", "experiment_id": "1", "url": "http://mlflow:5000/#/experiments/1/runs/9f1c...",
                   "note": null, "tracking_uri": "http://mlflow:5000", "sent_step": 40,
-                  "unsent": {"rows": 0, "first_step": null, "last_step": null}},
+                  "unsent": {"rows": 0, "first_step": null, "last_step": null},
+                  "unsent_by_attempt": {"1": {...}, "2": {...}}},
        "wandb": {"run_id": "k3x9q2ab", "url": null,
                  "note": "offline: wandb sync /fsx/runs/p/m/wandb/offline-run-*-k3x9q2ab*",
-                 "dir": "/fsx/runs/p/m", "sent_step": 40, "unsent": {...}}},
-     "superseded": [{"attempt": 1, "first_step": 31, "last_step": 37, "resumed_from": 30}]}
+                 "dir": "/fsx/runs/p/m", "sent_step": 40, "unsent": {...}, "unsent_by_attempt": {...},
+                 "resent": {"rows": 30, "first_step": 1, "last_step": 30}}},
+     "superseded": [{"attempt": 1, "first_step": 31, "last_step": 37, "resumed_from": 30}],
+     "starts": [{"attempt": 1, "start_step": 0}, {"attempt": 2, "start_step": 30}]}
 
-``attempt`` counts the starts of the sender in this run directory; ``sent_step`` the highest step a tracker took
-(the top-level one: the highest of them, which is what a later attempt supersedes). A tracker's entry exists once its
+``attempt`` counts the starts of the sender in this run directory (``starts``: each one's start step); ``sent_step``
+the highest step a tracker took (the top-level one: the highest of them, which is what a later attempt supersedes);
+``resent``: the rows this attempt sent again because an earlier one did not get them into the tracker. A tracker's entry exists once its
 run does (W&B's id is chosen before the run starts and written at once, so a kill before the first row still
 reopens it).
 
@@ -147,6 +171,8 @@ class _Tracker:
         self.sent_step = int(self.entry.get("sent_step") or 0)
         self.backfill_after = self.sent_step  # rows after this one up to the start step were never sent: resent
         self.ended = False
+        self.error: Exception | None = None  # the latest failure
+        self.recovered = False  # the sink's service was started again once this attempt (W&B: _recover)
 
     def push(self, item: Item) -> None:
         if len(self.pending) >= self.bound:
@@ -184,7 +210,7 @@ class TrackerSender:
         if trackers.mlflow is not None:
             sinks.append(MlflowSink(trackers.mlflow, spec))
         if trackers.wandb is not None:
-            sinks.append(WandbSink(trackers.wandb, spec))
+            sinks.append(WandbSink(trackers.wandb, spec, keep_rows=trackers.queue_rows))
         self.trackers = [_Tracker(s, trackers.queue_rows, prev.get(s.name)) for s in sinks]
         for t in self.trackers:  # the same dict: what the thread learns is in the next write
             self.ids.setdefault("trackers", {})[t.name] = t.entry
@@ -211,8 +237,10 @@ class TrackerSender:
         entries = dict(ids.get("trackers") or {})
         if trackers.wandb is not None and not (entries.get("wandb") or {}).get("run_id"):
             entries["wandb"] = {"run_id": _new_wandb_id()}
+        starts = [s for s in ids.get("starts") or [] if isinstance(s, dict)]
+        starts.append({"attempt": attempt, "start_step": start_step})
         ids = {"version": IDS_VERSION, "attempt": attempt, "sent_step": min(prev_sent, start_step),
-               "trackers": entries, "superseded": superseded}
+               "trackers": entries, "superseded": superseded, "starts": starts}
         config_path = RunPaths(run_root).config
         config_text = config_path.read_text(encoding="utf-8") if config_path.is_file() else None
         spec = RunSpec(project=project_name, model=model_name, attempt=attempt, params=tracker_params(params),
@@ -221,7 +249,8 @@ class TrackerSender:
         for t in sender.trackers:  # this attempt's counts start here (what an earlier one left unsent: _backfill)
             t.sent_step = min(t.sent_step, start_step)
             t.entry["sent_step"] = t.sent_step
-            t.entry.pop("unsent", None)
+            t.entry.pop("unsent", None)  # this attempt's (each attempt's stays in unsent_by_attempt)
+            t.entry.pop("resent", None)
         sender._write_ids()
         if note:
             sender.note("superseded", note, start_step)
@@ -241,10 +270,10 @@ class TrackerSender:
         """A metrics row (its numeric fields; ``step`` is the x-axis, ``time`` the timestamp); never blocks."""
         self._put(self._row_item(row))
 
-    def _row_item(self, row: dict) -> Item:
+    def _row_item(self, row: dict, attempt: int | None = None) -> Item:
         values = {k: float(v) for k, v in row.items()
                   if k not in ("step", "time") and isinstance(v, (int, float)) and not isinstance(v, bool)}
-        values["attempt"] = float(self.spec.attempt)
+        values["attempt"] = float(attempt or self.spec.attempt)
         return Item("row", int(row["step"]), float(row.get("time") or time.time()), values)
 
     def note(self, kind: str, message: str, step: int | None) -> None:
@@ -281,6 +310,7 @@ class TrackerSender:
                     every = steps + [s for s in (unsent["first_step"], unsent["last_step"]) if s is not None]
                     unsent = {"rows": unsent["rows"] + len(steps), "first_step": min(every), "last_step": max(every)}
                 t.entry["unsent"] = unsent
+                t.entry.setdefault("unsent_by_attempt", {})[str(self.spec.attempt)] = unsent
             self._write_ids()
             for t in self.trackers:
                 unsent = t.entry["unsent"]
@@ -304,28 +334,69 @@ class TrackerSender:
             if final:
                 break
         for t in self.trackers:
-            if t.started and not t.down and not t.pending:
-                try:
-                    t.sink.finish(self._state or "FAILED")
-                    t.ended = True
-                except Exception as e:
-                    self._failed(t, e)
+            for _ in range(2):  # a finish that found the service dead: once more after the recovery (_failed)
+                if t.started and not t.down and not t.pending and not t.ended:
+                    try:
+                        t.sink.finish(self._state or "FAILED")
+                        t.ended = True
+                    except Exception as e:
+                        self._failed(t, e)
+
+    def _recover(self, t: _Tracker) -> bool:
+        """Once per attempt, at the first ``ConnectionError`` of a sink that can (W&B): its service process died
+        under this attempt (wandb-core, killed by a Slurm requeue's SIGTERM while the rank saves and stops, or by
+        anything else mid-run): start its run again, queue the rows it had logged but not written before the backlog,
+        and send. True when that worked (then no warning: nothing was lost)."""
+        try:
+            queued = {id(i) for i in t.pending}  # a chunk that failed half-way is both logged and still queued
+            rows = [i for i in t.sink.recover() if id(i) not in queued]
+        except Exception as e:
+            t.error = e
+            return False
+        t.pending = deque(sorted(rows + list(t.pending), key=lambda i: (i.step is None, i.step or 0)))
+        t.down, t.error = False, None
+        print(f"[clustertrain] {t.name} tracker: its service process had died; the run was started again and "
+              f"{len(rows)} row(s) it had not written are sent again", file=sys.stderr, flush=True)
+        self._pump(t, self._finished)
+        return not t.down
 
     def _backfill(self) -> None:
         """Rows up to the start step that a tracker never took (it was down when an earlier attempt ended, or not
-        configured then): sent first, from ``metrics.jsonl`` (which holds no row past the start step by now), as this
-        attempt's rows."""
-        behind = [t for t in self.trackers if t.backfill_after < self.start_step]
-        if not behind:
+        configured then) or never wrote (W&B offline: steps no earlier ``.wandb`` file holds, see
+        :meth:`WandbSink.held_steps <clustertrain.monitor.tracker_clients.WandbSink.held_steps>`): sent first, from
+        ``metrics.jsonl`` (which holds no row past the start step by now), with the attempt that trained them."""
+        if self.start_step <= 0:
             return
         from clustertrain.core.run_events import read_jsonl
 
-        rows = [r for r in read_jsonl(self.paths.metrics)
-                if isinstance(r.get("step"), int) and r["step"] <= self.start_step]
-        for t in behind:
-            for r in rows:
-                if r["step"] > t.backfill_after:
-                    t.push(self._row_item(r))
+        rows = None
+        for t in self.trackers:
+            held = None
+            if hasattr(t.sink, "held_steps"):
+                try:
+                    held = t.sink.held_steps(t.previous)
+                except Exception as e:  # an unreadable file: as if it held nothing past sent_step
+                    print(f"[clustertrain] warning: {t.name} tracker: could not read its earlier files ({e})",
+                          file=sys.stderr, flush=True)
+            if held is None and t.backfill_after >= self.start_step:
+                continue
+            if rows is None:
+                rows = [r for r in read_jsonl(self.paths.metrics)
+                        if isinstance(r.get("step"), int) and r["step"] <= self.start_step]
+            missing = [r for r in rows if (r["step"] not in held if held is not None else r["step"] > t.backfill_after)]
+            for r in missing:
+                t.push(self._row_item(r, self._trained_by(r["step"])))
+            if missing:
+                steps = [r["step"] for r in missing]
+                with self._lock:
+                    t.entry["resent"] = {"rows": len(steps), "first_step": min(steps), "last_step": max(steps)}
+
+    def _trained_by(self, step: int) -> int:
+        """The attempt whose row of ``step`` ``metrics.jsonl`` holds: the latest earlier start before it (``starts``
+        of ``trackers.json``; this attempt when they are not recorded)."""
+        earlier = [int(s.get("attempt") or 0) for s in self.ids.get("starts") or []
+                   if int(s.get("attempt") or 0) < self.spec.attempt and int(s.get("start_step") or 0) < step]
+        return max(earlier) if earlier else self.spec.attempt
 
     def _drain(self) -> None:
         with self._lock:
@@ -374,7 +445,13 @@ class TrackerSender:
             self._failed(t, e)
 
     def _failed(self, t: _Tracker, error: Exception) -> None:
+        if isinstance(error, ConnectionError) and t.started and not t.recovered and hasattr(t.sink, "recover"):
+            t.recovered = True
+            if self._recover(t):
+                return
+            error = t.error or error
         t.down = True
+        t.error = error
         t.retry_at = time.time() + t.backoff
         t.backoff = min(RETRY_MAX_S, t.backoff * 2)
         if not t.warned:

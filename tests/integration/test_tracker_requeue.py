@@ -26,7 +26,8 @@ client/format:
 - ``RUN_DIR/trackers.json``: the MLflow and W&B run ids written by the first attempt are the ones of the end, and
   ``attempt`` is 2;
 - W&B offline: two ``offline-run-*-<id>`` directories of the same run id (one per start, synced into one run by
-  ``wandb sync``), read with W&B's own protobuf records (tests/support/wandb_records.py): their rows together hold
+  ``wandb sync``; ``scontrol``: also one whose file holds no record, and one more when the rank restarted the killed
+  wandb-core), read with W&B's own protobuf records (tests/support/wandb_records.py): their rows together hold
   each step once, with ``metrics.jsonl``'s loss and the attempt that sent it.
 """
 
@@ -176,9 +177,11 @@ def test_a_slurm_requeue_continues_the_same_mlflow_and_wandb_runs(local_slurm, t
     # W&B offline: one run id, one directory per start, each step once across them with metrics.jsonl's loss
     wandb_id = first_ids["wandb"]
     files = offline_runs(run, wandb_id)
-    assert len(files) == 2, sorted(p.parent.name for p in (run / "wandb").iterdir())
+    # scontrol: the SIGTERM reaches wandb-core too; its file keeps its header only, and the rank's sender starts the
+    # run again (one more directory) or attempt 2 sends the rows again (clustertrain/monitor/trackers.py)
+    assert len(files) == 2 if how == "preempt" else len(files) >= 2, sorted(p.name for p in (run / "wandb").iterdir())
     records = [run_record(f) for f in files]  # None: a start whose .wandb file holds no record (its writer died)
-    assert [getattr(r, "run_id", None) for r in records] == [wandb_id, wandb_id], \
+    assert {getattr(r, "run_id", None) for r in records} - ({None} if how == "scontrol" else set()) == {wandb_id}, \
         [(f.parent.name, f.stat().st_size) for f in files]
     seen: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for f in files:

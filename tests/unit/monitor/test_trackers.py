@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -185,3 +186,96 @@ def test_rows_a_down_tracker_never_took_are_sent_by_the_next_attempt(tmp_path):
     run_id = read_tracker_links(run_root)[0].run_id
     points = MlflowClient(tracking_uri=store).get_metric_history(run_id, "loss")
     assert sorted((m.step, m.value) for m in points) == [(r["step"], r["loss"]) for r in _rows(1, 9)]
+
+
+def _wandb_core_children() -> list[int]:
+    """This process's wandb-core service processes (from /proc: their parent and command line)."""
+    import os
+
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (proc / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == os.getpid() and b"wandb-core" in cmdline:
+            found.append(int(proc.name))
+    return found
+
+
+@pytest.mark.slow  # wandb.init starts its wandb-core process
+def test_wandb_rows_an_attempt_never_wrote_are_sent_again_with_their_attempt(tmp_path, monkeypatch):
+    """Attempt 1's wandb-core is killed before it writes (a Slurm requeue's SIGTERM): its ``.wandb`` file keeps its
+    7-byte header only, although run.log returned for every row. Attempt 2 (resumed from step 4) reads the file, sends
+    steps 1-4 again from metrics.jsonl with attempt 1, then its own; trackers.json keeps each attempt's counts."""
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    from tests.support.wandb_records import history, offline_runs
+
+    wdir, run_root = tmp_path / "wb", tmp_path / "run"
+    trackers = {"wandb": {"mode": "offline", "dir": str(wdir)}}
+    sender = _open(trackers, run_root)
+    for row in _rows(1, 6):
+        sender.row(row)
+    sender.finish("STOPPED")
+    [link] = read_tracker_links(run_root)
+    [first] = offline_runs(wdir, link.run_id)
+    assert [r["step"] for r in history(first)] == [1, 2, 3, 4, 5, 6]
+    first.write_bytes(first.read_bytes()[:7])  # what a wandb-core killed before its first write leaves
+    assert history(first) == []
+    (run_root / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _rows(1, 4)))
+    sender = _open(trackers, run_root, start_step=4)
+    for row in _rows(5, 8, attempt_loss=0.5):
+        sender.row(row)
+    sender.finish("COMPLETED")
+    _, second = offline_runs(wdir, link.run_id)
+    assert [(r["step"], r["loss"], r["attempt"]) for r in history(second)] == \
+        [(r["step"], r["loss"], 1) for r in _rows(1, 4)] + [(r["step"], r["loss"], 2) for r in _rows(5, 8, 0.5)]
+    entry = json.loads((run_root / IDS_FILE).read_text())["trackers"]["wandb"]
+    assert entry["resent"] == {"rows": 4, "first_step": 1, "last_step": 4}
+    assert entry["unsent_by_attempt"] == {"1": {"rows": 0, "first_step": None, "last_step": None},
+                                          "2": {"rows": 0, "first_step": None, "last_step": None}}
+
+
+@pytest.mark.slow  # wandb.init starts its wandb-core process; the test kills it
+def test_wandb_service_killed_mid_attempt_is_restarted_once_at_the_end(tmp_path, monkeypatch):
+    """wandb-core gets SIGTERM while the rank lives on (a requeue's signal reaches every process of the job): at
+    finish the sender starts the run again (a new offline directory, the same id) and sends the rows the dead service
+    had not written, then the rest; no row is lost, none is written twice."""
+    import os
+    import signal
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    from tests.support.wandb_records import history, offline_runs
+
+    wdir, run_root = tmp_path / "wb", tmp_path / "run"
+    warnings: list[str] = []
+    sender = _open({"wandb": {"mode": "offline", "dir": str(wdir)}}, run_root, warnings=warnings)
+    for row in _rows(1, 5):
+        sender.row(row)
+    deadline = time.time() + 60
+    while time.time() < deadline and json.loads((run_root / IDS_FILE).read_text()).get("sent_step", 0) < 5:
+        time.sleep(0.05)
+    cores = _wandb_core_children()
+    assert cores, "no wandb-core child process"
+    for pid in cores:
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.time() + 20
+    while time.time() < deadline and any(Path(f"/proc/{pid}").exists() and
+                                         b"Z" not in Path(f"/proc/{pid}/stat").read_bytes()[:80] for pid in cores):
+        time.sleep(0.05)
+    for row in _rows(6, 8):
+        sender.row(row)
+    sender.finish("STOPPED", timeout_s=60)
+    [link] = read_tracker_links(run_root)
+    files = offline_runs(wdir, link.run_id)
+    assert len(files) == 2, files
+    steps = [r["step"] for f in files for r in history(f)]
+    assert sorted(steps) == list(range(1, 9)), steps
+    entry = json.loads((run_root / IDS_FILE).read_text())["trackers"]["wandb"]
+    assert entry["unsent"]["rows"] == 0, entry
+    assert warnings == []  # recovered: nothing lost, not a tracker failure

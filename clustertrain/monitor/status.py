@@ -267,7 +267,7 @@ def _send_megatron_rows(paths: RunPaths, project: "Project", name: str, st: Mode
 
     warnings: list[str] = []
     only_mlflow = trackers.model_copy(update={"wandb": None})
-    sender = TrackerSender.open(only_mlflow, project.name, name, paths.root, last, {}, warnings.append)
+    sender = TrackerSender.open(only_mlflow, project.name, name, paths.root, last, {}, warnings.append, ingest=True)
     if sender is not None:
         sender.finish("RUNNING", timeout_s=MEGATRON_SEND_S)
     st.missing += [f"tracker: {w}" for w in warnings[:1]]

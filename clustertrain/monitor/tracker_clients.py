@@ -205,8 +205,10 @@ class MlflowSink:
                                  f"clustertrain/events-attempt{self.spec.attempt}.txt")
 
     def finish(self, state: str) -> None:
-        status = {"COMPLETED": "FINISHED", "FAILED": "FAILED"}.get(state, "KILLED")  # STOPPED: requeued, reopened
         self.client.set_tag(self.run_id, "clustertrain.state", state)
+        if state == "RUNNING":  # a reader handed on rows of a run still training (TrackerSender.open(ingest=True))
+            return
+        status = {"COMPLETED": "FINISHED", "FAILED": "FAILED"}.get(state, "KILLED")  # STOPPED: requeued, reopened
         self.client.set_terminated(self.run_id, status)
 
 

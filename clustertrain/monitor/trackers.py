@@ -218,17 +218,23 @@ class TrackerSender:
 
     @classmethod
     def open(cls, trackers: TrackersConfig, project_name: str, model_name: str, run_root: Path, start_step: int,
-             params: dict, on_warning: Callable[[str], None]) -> "TrackerSender | None":
+             params: dict, on_warning: Callable[[str], None], ingest: bool = False) -> "TrackerSender | None":
         """Start sending the run in ``run_root`` (a model's RUN_DIR) from ``start_step`` (the checkpoint's step);
-        None when neither MLflow nor W&B is configured. ``params``: nested sections (flattened, secrets left out)."""
+        None when neither MLflow nor W&B is configured. ``params``: nested sections (flattened, secrets left out).
+
+        ``ingest``: not an attempt of the ranks but a reader handing on rows another program logged (``status``
+        ingesting Megatron-LM's log, :mod:`clustertrain.monitor.status`): the current attempt goes on (none is
+        counted, no config artifact, nothing superseded) and ``finish("RUNNING")`` leaves the tracker run running."""
         if trackers.mlflow is None and trackers.wandb is None:
             return None
         run_root = Path(run_root)
         ids = read_ids(run_root)
-        attempt = int(ids.get("attempt") or 0) + 1
+        attempt = int(ids.get("attempt") or 0) + (0 if ingest and ids.get("attempt") else 1)
         prev_sent = int(ids.get("sent_step") or 0)
         superseded = list(ids.get("superseded") or [])
         note = None
+        if ingest:
+            start_step = max(start_step, prev_sent)
         if prev_sent > start_step:
             superseded.append({"attempt": attempt - 1, "first_step": start_step + 1, "last_step": prev_sent,
                                "resumed_from": start_step})
@@ -238,11 +244,12 @@ class TrackerSender:
         if trackers.wandb is not None and not (entries.get("wandb") or {}).get("run_id"):
             entries["wandb"] = {"run_id": _new_wandb_id()}
         starts = [s for s in ids.get("starts") or [] if isinstance(s, dict)]
-        starts.append({"attempt": attempt, "start_step": start_step})
+        if not (ingest and any(s.get("attempt") == attempt for s in starts)):
+            starts.append({"attempt": attempt, "start_step": start_step})
         ids = {"version": IDS_VERSION, "attempt": attempt, "sent_step": min(prev_sent, start_step),
                "trackers": entries, "superseded": superseded, "starts": starts}
         config_path = RunPaths(run_root).config
-        config_text = config_path.read_text(encoding="utf-8") if config_path.is_file() else None
+        config_text = config_path.read_text(encoding="utf-8") if config_path.is_file() and not ingest else None
         spec = RunSpec(project=project_name, model=model_name, attempt=attempt, params=tracker_params(params),
                        config_text=config_text, run_root=run_root)
         sender = cls(trackers, spec, start_step, on_warning, ids)

@@ -12,7 +12,7 @@ from clustertrain.core.run_events import read_jsonl
 from clustertrain.megatron.args import megatron_args, tracker_environment
 from clustertrain.monitor.config import MlflowTrackerConfig, TrackersConfig, WandbTrackerConfig
 from clustertrain.monitor.status import model_status
-from clustertrain.monitor.trackers import read_tracker_links
+from clustertrain.monitor.trackers import read_ids, read_tracker_links
 from tests.unit.megatron.test_args import _context, _model, _project
 from tests.unit.megatron.test_logs import _lines, _megatron_project_and_entry, training_log  # noqa: F401 (fixture)
 from tests.unit.monitor.test_status import make_run
@@ -71,6 +71,12 @@ def test_status_sends_the_ingested_megatron_rows_to_mlflow(training_log, tmp_pat
     assert [m.step for m in history] == [10, 20, 30, 40] and history[-1].value == 2.125
     assert [lk.run_id for lk in read_tracker_links(paths.root)] == [link.run_id]
     assert any(st.trackers) and st.trackers[0]["run_id"] == link.run_id
+    # status only hands rows on: one attempt, no config artifact per call, the run left running for Megatron's job
+    assert read_ids(paths.root)["attempt"] == 1
+    assert {m.value for m in client.get_metric_history(link.run_id, "attempt")} == {1.0}
+    run = client.get_run(link.run_id)
+    assert run.info.status == "RUNNING" and run.data.tags["clustertrain.state"] == "RUNNING"
+    assert not [a.path for a in client.list_artifacts(link.run_id, "clustertrain") if "config-attempt" in a.path]
 
 
 @pytest.mark.slow

@@ -71,6 +71,7 @@ class ModelSpec:
     flash_attention: bool = True
     mfu: float = 0.40
     fixed_nodes: int | None = None
+    fixed_gpus: int | None = None      # a share of one node (models[].plan.gpus below a node's; clustertrain.plan.packing)
     deadline_days: float | None = None
     framework: Framework = BUILTIN
     index: int | None = None           # position in the project's models: problems name models[index].<field>

@@ -3,7 +3,8 @@
 
 In order:
 
-1. ``models[].plan.nodes`` — a model that pins its node count gets it;
+1. ``models[].plan.nodes`` — a model that pins its node count gets it; ``models[].plan.gpus`` (a share of one
+   node, :mod:`clustertrain.plan.packing`) is 1;
 2. with ``plan.cluster_nodes`` (models train at the same time on a shared cluster): the planner's
    allocation (:func:`clustertrain.plan.allocate.allocate`), e.g. 6 x 11 + 1 x 14 of 80 nodes;
 3. otherwise ``cluster.nodes``.
@@ -26,13 +27,13 @@ def nodes_for(project: "Project", plan: "Plan | None" = None) -> dict[str, int]:
     """Node count of every model's job (rules in the module docstring); ``plan``: an already made plan."""
     out: dict[str, int] = {}
     concurrent = project.plan.cluster_nodes is not None
-    if concurrent and plan is None and any(m.plan.nodes is None for m in project.models):
+    if concurrent and plan is None and any(m.plan.nodes is None and m.plan.gpus is None for m in project.models):
         from clustertrain.plan.plan import make_plan
 
         plan = make_plan(project)
     for entry in project.models:
-        if entry.plan.nodes is not None:
-            out[entry.name] = entry.plan.nodes
+        if entry.plan.nodes is not None or entry.plan.gpus is not None:  # pinned, or a share of one node
+            out[entry.name] = project.job_nodes(entry)
             continue
         planned = plan.model(entry.name).nodes if (concurrent and plan is not None) else None
         if planned is not None and float(planned).is_integer() and planned >= 1:

@@ -30,6 +30,7 @@ from clustertrain.plan.catalog import Instance, find_instance, load_catalog
 from clustertrain.plan.frameworks import BUILTIN, MEGATRON, framework_of
 from clustertrain.plan.megatron_memory import MegatronMemory, megatron_layout_text, megatron_vocab
 from clustertrain.plan.memory import TrainerMemory
+from clustertrain.plan.packing import Packing, pack
 from clustertrain.core.model_shape import ModelShape
 from clustertrain.data.tokenizers import model_vocab
 from clustertrain.core.parallel_layout import ParallelLayout
@@ -78,6 +79,8 @@ class ModelPlan:
     # send — memory_bytes (the most loaded rank's total), fits (within the budget), node_bytes, seconds; the plan
     # suggests it when it fits (clustertrain.plan.allocate.PerStep)
     per_step: dict[str, Any] | None = None
+    shared_node: int | None = None        # a share of a node (models[].plan.gpus): which shared node (Plan.shared_nodes)
+    cost_per_hour: float | None = None    # what the model's job costs an hour (a share: its part of its node's price)
 
     @property
     def feasible(self) -> bool:
@@ -116,6 +119,9 @@ class Plan:
     models: list[ModelPlan]
     problems: list[str]
     assumptions: list[str]
+    # models on shares of a node (clustertrain.plan.packing.pack): per shared node its models, the GPUs, memory (MB)
+    # and CPUs they ask for against the node's, and each model's part of the node's hourly price
+    shared_nodes: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def feasible(self) -> bool:
@@ -154,7 +160,9 @@ def model_spec(project, index: int, entry, default_mfu: float, cpu: bool) -> Mod
         name=entry.name, shape=shape, tokens=tokens, global_batch=t.global_batch, micro_batch=t.micro_batch,
         parallelism=entry.parallelism, arch=entry.model, on_gpu=not cpu,
         flash_attention=flash,
-        mfu=mp.assumed_mfu or pc.assumed_mfu or default_mfu, fixed_nodes=mp.nodes, deadline_days=mp.deadline_days,
+        mfu=mp.assumed_mfu or pc.assumed_mfu or default_mfu,
+        fixed_nodes=mp.nodes if mp.gpus is None or project.shares_node(entry) else project.job_nodes(entry),
+        fixed_gpus=mp.gpus if project.shares_node(entry) else None, deadline_days=mp.deadline_days,
         framework=fw, index=index,
     )
 
@@ -198,12 +206,24 @@ def make_plan(project, calibration=None) -> Plan:
     hw, inst = _hardware(project, calibration)
     cpu = c.gpus_per_node == 0
     default_mfu = (calibration.efficiency if (cpu and calibration is not None) else (inst.assumed_mfu if inst else 0.40))
-    specs = [model_spec(project, i, e, default_mfu, cpu) for i, e in enumerate(project.models)]
-    problems: list[str] = []
+    all_specs = [model_spec(project, i, e, default_mfu, cpu) for i, e in enumerate(project.models)]
+    specs = [s for s in all_specs if s.fixed_gpus is None]      # whole nodes
+    shared = [s for s in all_specs if s.fixed_gpus is not None]  # shares of nodes, packed (clustertrain.plan.packing)
+    region = project_region(project)
+    price, price_note = applicable_price(inst, region, p.price is not None)
+    packing = pack(project, price.per_hour if price else None)
+    problems: list[str] = packing.problems()
     if p.cluster_nodes is not None:
         mode, total_nodes = "concurrent", p.cluster_nodes
         unit_gpus = 1 if p.node_sharing else hw.gpus_per_node
-        alloc = allocate(specs, hw, total_nodes * hw.gpus_per_node // unit_gpus, unit_gpus)
+        left = total_nodes - packing.count
+        if left < 0 or (left == 0 and specs):
+            problems.append(f"the models need {packing.count} shared node(s) for {', '.join(s.name for s in shared)}"
+                            + (f" and at least one node for {', '.join(s.name for s in specs)}" if specs else "")
+                            + f" but the cluster has {total_nodes}")
+            alloc = Allocation({}, {}, {}, [], 0)
+        else:
+            alloc = allocate(specs, hw, left * hw.gpus_per_node // unit_gpus, unit_gpus) if specs else Allocation({}, {}, {}, [], 0)
         problems += alloc.problems
     else:
         mode = "sequential"
@@ -211,14 +231,20 @@ def make_plan(project, calibration=None) -> Plan:
         for s in specs:
             ev = evaluate(s, hw, (s.fixed_nodes or c.nodes) * hw.gpus_per_node)
             (evals.__setitem__(s.name, ev) if ev.ok else infeasible.__setitem__(s.name, ev.reasons))
-        total_nodes = max(s.fixed_nodes or c.nodes for s in specs)
+        total_nodes = max([s.fixed_nodes or c.nodes for s in specs] + [packing.count])
         unit_gpus = hw.gpus_per_node
         alloc = Allocation({n: ev.gpus // unit_gpus for n, ev in evals.items()}, evals, infeasible, [], 0)
-    region = project_region(project)
-    price, price_note = applicable_price(inst, region, p.price is not None)
-    models = [_model_plan(s, alloc, hw, price.per_hour if price else None) for s in specs]
+    for s in shared:  # each share on its own GPUs, beside the others on its node
+        ev = evaluate(s, hw, s.fixed_gpus)
+        (alloc.evaluations.__setitem__(s.name, ev) if ev.ok else alloc.infeasible.__setitem__(s.name, ev.reasons))
+    models = [_model_plan(s, alloc, hw, price.per_hour if price else None, packing) for s in all_specs]
     days = [m.days for m in models if m.days is not None]
-    makespan = (max(days) if mode == "concurrent" else sum(days)) if days else None
+    if mode == "concurrent" or not days:
+        makespan = max(days) if days else None
+    else:  # one after another, except the shares: they train side by side on their shared nodes
+        alone = [m.days for m in models if m.days is not None and m.shared_node is None]
+        together = [m.days for m in models if m.days is not None and m.shared_node is not None]
+        makespan = sum(alone) + (max(together) if together else 0.0)
     per_node = price.per_hour if price else None
     totals = ClusterTotals(
         mode=mode, instance_type=c.instance_type, gpu_model=inst.gpu_model if inst else None, nodes=total_nodes,
@@ -233,13 +259,22 @@ def make_plan(project, calibration=None) -> Plan:
         days=makespan, cost_usd=per_node * total_nodes * makespan * 24 if (per_node and makespan is not None) else None,
         region=region, price_note=price_note,
     )
+    shared_nodes = [{"node": n.index, "models": n.models, "gpus_used": n.gpus_used, "gpus": n.capacity.gpus,
+                     "mem_mb_used": n.mem_mb_used, "mem_mb": n.capacity.mem_mb, "cpus_used": n.cpus_used,
+                     "cpus": n.capacity.cpus, "cost_per_hour": {sh.model: sh.cost_per_hour for sh in n.shares}}
+                    for n in packing.nodes]
     if c.gpus_per_node > 0 and inst is None:
         problems.append("cluster.instance_type is not set: no GPU memory, peak or price to plan with; set e.g. cluster.instance_type: p5e.48xlarge")
     assumptions = _assumptions(project, hw, inst, default_mfu, calibration, specs, price, price_note)
-    return Plan(project.name, totals, models, problems, assumptions)
+    if packing.count:
+        assumptions.append(f"shared nodes: {packing.count} for {len(shared)} model(s) on shares of a node (first-fit "
+                           f"decreasing by GPUs; no packing uses fewer than {packing.lower_bound}); a share asks for its "
+                           "GPUs and their proportion of the node's memory (95 % of the instance's) and vCPUs, and pays "
+                           "its node's price in proportion to its GPUs (idle GPUs included)")
+    return Plan(project.name, totals, models, problems, assumptions, shared_nodes)
 
 
-def _model_plan(spec: ModelSpec, alloc: Allocation, hw: Hardware, price: float | None) -> ModelPlan:
+def _model_plan(spec: ModelSpec, alloc: Allocation, hw: Hardware, price: float | None, packing: Packing) -> ModelPlan:
     ev: Evaluation | None = alloc.evaluations.get(spec.name)
     reasons = alloc.infeasible.get(spec.name, [])
     shape = spec.shape
@@ -249,13 +284,18 @@ def _model_plan(spec: ModelSpec, alloc: Allocation, hw: Hardware, price: float |
         flops_per_token=shape.flops_per_token(), tokens=spec.tokens, steps=math.ceil(spec.tokens / tokens_per_step),
         total_flops=spec.total_flops, parallelism={**spec.parallelism.model_dump(), "param_dtype": spec.param_dtype},
         layout=None, layout_text=None, dp=None, micro_batch=spec.micro_batch, global_batch=spec.global_batch, mfu=spec.mfu,
-        nodes=None, gpus=None, fixed=spec.fixed_nodes is not None, memory=None, memory_budget_bytes=None,
+        nodes=None, gpus=None, fixed=spec.fixed_nodes is not None or spec.fixed_gpus is not None, memory=None, memory_budget_bytes=None,
         step_time_s=None, days=None, gpu_hours=None, cost_usd=None, reasons=list(reasons),
         framework=spec.framework.name, architecture=shape.describe(),
     )
+    node = packing.node_of(spec.name)
+    if node is not None:
+        m.shared_node, m.cost_per_hour = node.index, packing.share_of(spec.name).cost_per_hour
     if ev is None:
         return m
     m.gpus, m.nodes = ev.gpus, ev.gpus / hw.gpus_per_node
+    if node is None and price is not None:
+        m.cost_per_hour = price * m.nodes
     if ev.layout is not None:
         m.dp, m.layout, m.layout_text = ev.layout.dp, ev.layout.to_dict(), layout_text(ev.layout)
         if spec.megatron:
@@ -289,8 +329,8 @@ def _model_plan(spec: ModelSpec, alloc: Allocation, hw: Hardware, price: float |
     if ev.seconds is not None:
         m.step_time_s, m.days = ev.step_seconds, ev.seconds / DAY
         m.gpu_hours = ev.seconds / 3600 * ev.gpus
-        if price is not None and hw.gpus_per_node:
-            m.cost_usd = m.gpu_hours / hw.gpus_per_node * price
+        if m.cost_per_hour is not None:
+            m.cost_usd = ev.seconds / 3600 * m.cost_per_hour
     return m
 
 

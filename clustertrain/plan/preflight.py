@@ -93,10 +93,13 @@ def plan_findings(project: "Project", plan: "Plan | None" = None) -> list[Findin
 
 
 def _fraction(project: "Project", index: int, m) -> list[Finding]:
-    if project.cluster.backend != "slurm" or m.nodes is None or float(m.nodes).is_integer() or project.models[index].plan.nodes:
+    entry = project.models[index]
+    if (project.cluster.backend != "slurm" or m.nodes is None or float(m.nodes).is_integer() or entry.plan.nodes
+            or entry.plan.gpus is not None):
         return []
-    return [Finding("error", "plan.node_sharing", f"{m.name} is planned on {m.gpus} GPUs ({m.nodes:g} nodes), but a Slurm "
-                    "job of clustertrain runs on whole nodes", "set plan.node_sharing: false, or pin models[].plan.nodes")]
+    return [Finding("error", "plan.node_sharing", f"{m.name} is planned on {m.gpus} GPUs ({m.nodes:g} nodes), but the "
+                    "allocator's GPU counts are not jobs: a share of a node is asked for with models[].plan.gpus",
+                    f"set models[{index}].plan.gpus: {m.gpus} (a share of one node), or plan.node_sharing: false")]
 
 
 def submit_blockers(project: "Project", models: list[str] | None = None, plan: "Plan | None" = None) -> list[Finding]:

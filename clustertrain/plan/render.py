@@ -65,7 +65,7 @@ def _json(plan: Plan) -> str:
         d["feasible"] = m.feasible
         models.append(d)
     doc = {"version": 2, "project": plan.project, "feasible": plan.feasible, "cluster": dataclasses.asdict(plan.cluster),
-           "models": models, "problems": plan.problems, "assumptions": plan.assumptions}
+           "models": models, "shared_nodes": plan.shared_nodes, "problems": plan.problems, "assumptions": plan.assumptions}
     return json.dumps(doc, indent=2)
 
 
@@ -111,9 +111,35 @@ def architecture_lines(plan: Plan) -> list[str]:
     return [f"{', '.join(names)}: {text}" for text, names in shared.items()]
 
 
+def shared_node_lines(plan: Plan) -> list[str]:
+    """One line per shared node (models on shares of a node, :func:`clustertrain.plan.packing.pack`): its models with
+    their GPUs and hourly cost shares, the GPUs, memory and CPUs they ask for against the node's; then the cost shares'
+    sum beside the cluster's hourly cost."""
+    out = []
+    for n in plan.shared_nodes:
+        costs = n["cost_per_hour"]
+        who = ", ".join(f"{name} ({m.gpus} GPU{'s' if m.gpus != 1 else ''}"
+                        + (f", ${costs[name]:,.2f}/h" if costs.get(name) is not None else "") + ")"
+                        for name in n["models"] for m in [plan.model(name)])
+        used = [f"GPUs {n['gpus_used']}/{n['gpus']}"]
+        if n["mem_mb"] is not None and n["mem_mb_used"] is not None:
+            used.append(f"memory {n['mem_mb_used'] / 1024:,.0f}/{n['mem_mb'] / 1024:,.0f} GiB")
+        if n["cpus"] is not None and n["cpus_used"] is not None:
+            used.append(f"vCPUs {n['cpus_used']}/{n['cpus']}")
+        out.append(f"shared node {n['node']}: {who}; {', '.join(used)}")
+    shares = [m.cost_per_hour for m in plan.models if m.cost_per_hour is not None]
+    if out and shares and plan.cluster.cost_per_hour is not None:
+        idle = plan.cluster.cost_per_hour - sum(shares)
+        out.append(f"cost shares: ${sum(shares):,.2f}/h of the cluster's ${plan.cluster.cost_per_hour:,.2f}/h"
+                   + (f" (${idle:,.2f}/h idle nodes)" if idle > 0.005 else ""))
+    return out
+
+
 def _allocation_summary(plan: Plan) -> str:
     counts: dict[float, int] = {}
     for m in plan.models:
+        if m.shared_node is not None:
+            continue
         if m.nodes is not None:
             counts[m.nodes] = counts.get(m.nodes, 0) + 1
     return " + ".join(f"{n} x {nodes:g}" for nodes, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
@@ -309,7 +335,8 @@ def model_row(m: ModelPlan) -> list[str]:
     return [
         m.name, f"{m.params / 1e9:.2f}B" if m.params >= 1e8 else f"{m.params / 1e6:.2f}M",
         f"{m.tokens / 1e9:,.1f}B" if m.tokens >= 1e8 else f"{m.tokens:,}",
-        "-" if m.nodes is None else f"{m.nodes:g}" + (" (fixed)" if m.fixed else ""), _num(m.gpus),
+        (f"share of {m.shared_node}" if m.shared_node is not None else
+         "-" if m.nodes is None else f"{m.nodes:g}" + (" (fixed)" if m.fixed else "")), _num(m.gpus),
         short_layout(m),
         "-" if total is None else f"{total / GiB:.1f}", fits,
         "-" if m.step_time_s is None else f"{m.step_time_s:.2f}s", duration(m.days), _num(m.gpu_hours, ",.0f" if (m.gpu_hours or 0) >= 10 else ".2f"),
@@ -371,6 +398,8 @@ def _table(plan: Plan, width: int = TABLE_WIDTH) -> str:
     summary = _allocation_summary(plan)
     if summary:
         console.print(f"allocation: {summary} nodes")
+    for line in shared_node_lines(plan):
+        console.print(line)
     times = time_lines(plan)
     if times:
         console.print("time per step:")
@@ -403,6 +432,9 @@ def _markdown(plan: Plan) -> str:
     summary = _allocation_summary(plan)
     if summary:
         lines += ["", f"Allocation: {summary} nodes"]
+    shared = shared_node_lines(plan)
+    if shared:
+        lines += ["", "Shared nodes:", ""] + [f"- {line}" for line in shared]
     times = time_lines(plan)
     if times:
         lines += ["", "Time per step:", ""] + [f"- {t}" for t in times]

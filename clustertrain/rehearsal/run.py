@@ -123,10 +123,12 @@ def preflight(project: "Project", shape: Shape, nodes: dict[str, int], directory
 
 
 def planned_shared_nodes(project: "Project") -> int | None:
-    """How many nodes the plan packs the shared-node models on, for the ``shares`` check's "no more nodes than
-    planned"; None: that part is not checked (no model shares a node, or no packing to ask: ``pack`` in
-    :mod:`clustertrain.plan.packing` is not there yet)."""
-    return None
+    """How many nodes the plan packs the shared-node models on (:func:`clustertrain.plan.packing.pack`), for the
+    ``shares`` check's "no more nodes than planned"; None when no model shares a node."""
+    from clustertrain.plan.packing import pack
+
+    count = pack(project).count
+    return count or None
 
 
 def plan_nodes(project: "Project") -> dict[str, int]:

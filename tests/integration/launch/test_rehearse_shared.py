@@ -61,3 +61,17 @@ def test_models_that_share_nodes_run_together_each_on_its_share(tmp_path):
     share = job_share(project, project.model("model-b"))
     assert share is not None and share.gpus == 4 and share.mem_mb == int(2048 * 1024 * 0.95) * 4 // 8
 
+
+
+def test_the_shared_nodes_example_rehearses_as_planned(tmp_path):
+    """examples/shared-nodes.yaml (3 nodes, the seeds' layout): the jobs land on the nodes pack() plans, no more."""
+    from clustertrain.plan.packing import pack
+    from clustertrain.resolve import load_project
+
+    project = load_project(FLAGSHIP.parent / "shared-nodes.yaml")
+    report = rehearse(project, RehearseOptions(dir=tmp_path / "r", keep=False))
+    assert report.ok, {c.name: c.details for c in report.failed}
+    jobs = {j["model"]: j["nodes"][0] for j in report.jobs}
+    for node in pack(project).nodes:  # the models one shared node holds in the plan share one node here
+        assert len({jobs[m] for m in node.models}) == 1, (node.models, jobs)
+    assert len(set(jobs.values())) == 3 and jobs["model-a"] not in {jobs[m] for m in ("model-b", "model-d")}
